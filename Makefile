@@ -1,0 +1,40 @@
+# Maestro + Quiver: every install step lives here so a fresh machine needs only `make demo` / `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# Every install goes through constraints.txt: torch==2.13.0 (CPU wheel on local disk), never a CUDA build.
+PIPC   := $(PIP) install -c constraints.txt
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test demo lint format bench bench-env clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip setuptools wheel -c constraints.txt
+	$(PIPC) torch==2.13.0
+	$(PIPC) -e '.[serve,dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+demo: $(STAMP)
+	$(PY) -m quiver.demo
+	$(PY) -m maestro.demo
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests bench
+	$(PY) -m ruff format --check src tests bench
+
+format: $(STAMP)
+	$(PY) -m ruff check --fix src tests bench
+	$(PY) -m ruff format src tests bench
+
+bench: $(STAMP)
+	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
