@@ -1,39 +1,32 @@
-"""The ``maestro`` command line: one sub-command per capability (see README.md)."""
+"""The ``maestro`` command line: one sub-command per module in ``maestro.commands`` (see README.md).
+
+Each command module defines ``register(subparsers)``, which adds its parser and sets ``func``;
+modules import heavy dependencies inside their functions so ``--help`` stays fast.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from maestro import __version__
 
-
-def _cmd_info(args: argparse.Namespace) -> int:
-    """Print versions and the hardware Maestro will use."""
-    import numba
-    import torch
-    import torch.distributed
-
-    print(f"maestro {__version__}")
-    print(f"torch {torch.__version__}  numba {numba.__version__}")
-    cuda = torch.cuda.is_available()
-    print(f"cuda available: {cuda}" + (f" ({torch.cuda.device_count()} devices)" if cuda else ""))
-    print(f"cpu threads: {torch.get_num_threads()}")
-    gloo = torch.distributed.is_available() and torch.distributed.is_gloo_available()
-    nccl = torch.distributed.is_available() and torch.distributed.is_nccl_available()
-    print(f"distributed backends: gloo={gloo} nccl={nccl}")
-    return 0
+#: Command modules, in the order ``--help`` lists them. Add a line per new command.
+COMMAND_MODULES = [
+    "maestro.commands.info",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Build the argument parser; sub-commands register themselves here."""
+    """Build the argument parser with every registered sub-command."""
     parser = argparse.ArgumentParser(
         prog="maestro", description="Maestro: compound-model training with per-section resources."
     )
     parser.add_argument("--version", action="version", version=f"maestro {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    p = sub.add_parser("info", help="print versions and available hardware")
-    p.set_defaults(func=_cmd_info)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
     return parser
 
 
@@ -46,9 +39,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as e:  # user mistakes: one line, no traceback
+    except (ValueError, FileNotFoundError, NotADirectoryError) as e:
+        # user mistakes: one clear line, no traceback
         print(f"maestro {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"maestro {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,15 +1,35 @@
-"""``make demo`` for Maestro: runs each capability that exists on an embedded default."""
+"""``make demo`` for Maestro: runs each capability that exists, on an embedded default.
+
+Add a step to ``STEPS`` per capability; each is a function that prints its own results.
+"""
 
 from __future__ import annotations
 
-from maestro import __version__
+import time
+
+
+def _info() -> None:
+    from maestro.cli import main as cli_main
+
+    cli_main(["info"])
+
+
+#: (title, function) pairs run in order by ``make demo``.
+STEPS = [
+    ("environment", _info),
+]
 
 
 def main() -> int:
-    print(f"== Maestro {__version__} demo")
-    from maestro.cli import main as cli_main
+    from maestro import __version__
 
-    return cli_main(["info"])
+    print(f"== Maestro {__version__} demo")
+    for title, fn in STEPS:
+        t0 = time.perf_counter()
+        print(f"\n-- {title}")
+        fn()
+        print(f"   ({time.perf_counter() - t0:.1f} s)")
+    return 0
 
 
 if __name__ == "__main__":

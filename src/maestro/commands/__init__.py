@@ -1,0 +1,1 @@
+"""Sub-commands of the ``maestro`` CLI, one module each."""
