@@ -1,8 +1,13 @@
 """Schedulers: pure functions that turn one global batch into per-replica micro-batches.
 
 A schedule is data (``Schedule``), so the runtime executes any scheduler and the simulator
-replays the same output. See ``maestro.schedule.types`` for the interface.
+replays the same output. See ``maestro.schedule.types`` for the interface. Look schedulers up
+by name with ``get_scheduler(name)``; register new ones in ``SCHEDULERS``.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
 
 from maestro.schedule.types import (
     MicroBatch,
@@ -10,6 +15,31 @@ from maestro.schedule.types import (
     SampleInfo,
     Schedule,
     SectionSpec,
+    fifo_schedule,
 )
 
-__all__ = ["MicroBatch", "ReplicaSpec", "SampleInfo", "Schedule", "SectionSpec"]
+#: name -> ``fn(samples, sections, cost_model=None) -> Schedule``
+SCHEDULERS: dict[str, Callable[..., Schedule]] = {
+    "fifo": fifo_schedule,
+}
+
+
+def get_scheduler(name: str) -> Callable[..., Schedule]:
+    """Return the scheduler registered under ``name``; ``ValueError`` lists the known names."""
+    try:
+        return SCHEDULERS[name]
+    except KeyError:
+        known = ", ".join(sorted(SCHEDULERS))
+        raise ValueError(f"unknown scheduler {name!r}; choose one of: {known}") from None
+
+
+__all__ = [
+    "SCHEDULERS",
+    "MicroBatch",
+    "ReplicaSpec",
+    "SampleInfo",
+    "Schedule",
+    "SectionSpec",
+    "fifo_schedule",
+    "get_scheduler",
+]
