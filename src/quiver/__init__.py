@@ -6,4 +6,15 @@ The public API keeps torch-quiver's core names (``CSRTopo``, ``quiver.pyg.GraphS
 
 from quiver._version import __version__
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "CSRTopo"]
+
+# name -> module that defines it; imported on first attribute access so `import quiver` stays cheap
+_LAZY = {"CSRTopo": "quiver.graph"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'quiver' has no attribute {name!r}")
