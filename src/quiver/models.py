@@ -1,0 +1,154 @@
+"""GNN models for serving and training: GraphSAGE, GCN and GAT from ``torch_geometric.nn`` layers.
+
+Every model consumes the sampler's output unchanged: node features ``x`` of shape
+``(len(n_id), F)`` and ``adjs`` ordered from the outermost hop to the seeds, where
+``adjs[i] = (edge_index, e_id, (num_src, num_dst))`` and the first ``num_dst`` local nodes are the
+targets of hop ``i``. The result has one row per seed: ``(batch_size, out_dim)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor, nn
+
+MODEL_KINDS = ("sage", "gcn", "gat")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of a GNN; saved with every checkpoint so the server can rebuild it.
+
+    Args:
+        kind: one of ``"sage"``, ``"gcn"``, ``"gat"``.
+        in_dim: input feature dimension.
+        hidden_dim: hidden dimension of every inner layer (default 128).
+        out_dim: number of classes (the logits' width).
+        num_layers: number of message-passing layers; must equal the number of fanouts the
+            sampler uses (default 3).
+        heads: attention heads for GAT inner layers (default 4; ignored by other kinds).
+    """
+
+    kind: str
+    in_dim: int
+    out_dim: int
+    hidden_dim: int = 128
+    num_layers: int = 3
+    heads: int = 4
+
+    def __post_init__(self):
+        if self.kind not in MODEL_KINDS:
+            raise ValueError(f"model kind must be one of {MODEL_KINDS}, got {self.kind!r}")
+        for name in ("in_dim", "out_dim", "hidden_dim", "num_layers", "heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"model {name} must be >= 1, got {getattr(self, name)}")
+
+
+class SampledGNN(nn.Module):
+    """A stack of message-passing layers over sampled bipartite hops.
+
+    ``forward(x, adjs)`` returns logits ``(batch_size, out_dim)``; ``embed(x, adjs)`` returns the
+    last hidden representation ``(batch_size, hidden_dim)`` (the input of the final layer).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+
+        self.cfg = cfg
+        dims = [cfg.in_dim] + [cfg.hidden_dim] * (cfg.num_layers - 1) + [cfg.out_dim]
+        self.convs = nn.ModuleList()
+        for i in range(cfg.num_layers):
+            d_in, d_out, last = dims[i], dims[i + 1], i == cfg.num_layers - 1
+            if cfg.kind == "sage":
+                conv = SAGEConv(d_in, d_out)
+            elif cfg.kind == "gcn":
+                # GCN has no bipartite form: it runs on all sampled nodes, then keeps the targets.
+                conv = GCNConv(d_in, d_out, cached=False, add_self_loops=True)
+            else:
+                heads = 1 if last else cfg.heads
+                # concat=False averages heads so every layer's width stays d_out.
+                conv = GATConv(d_in, d_out, heads=heads, concat=False, add_self_loops=False)
+            self.convs.append(conv)
+
+    def _layer(self, i: int, x: Tensor, edge_index: Tensor, num_dst: int) -> Tensor:
+        conv = self.convs[i]
+        if self.cfg.kind == "gcn":
+            return conv(x, edge_index)[:num_dst]
+        return conv((x, x[:num_dst]), edge_index)
+
+    def embed(self, x: Tensor, adjs) -> Tensor:
+        """Hidden representation of the seeds before the last layer: ``(batch_size, hidden)``."""
+        return self.forward_all(x, adjs)[0]
+
+    def forward(self, x: Tensor, adjs) -> Tensor:
+        """Logits of the seeds: ``(batch_size, out_dim)``."""
+        return self.forward_all(x, adjs)[1]
+
+    def forward_all(self, x: Tensor, adjs) -> tuple[Tensor, Tensor]:
+        """Both outputs in one pass: ``(embedding (B, hidden_or_in), logits (B, out_dim))``."""
+        if len(adjs) != len(self.convs):
+            raise ValueError(
+                f"model has {len(self.convs)} layers but the sample has {len(adjs)} hops; "
+                "use as many fanouts as layers"
+            )
+        # features may be stored in a narrower dtype (float16); compute in the weights' dtype
+        x = x.to(next(self.parameters()).dtype)
+        last = len(self.convs) - 1
+        for i, (edge_index, _, size) in enumerate(adjs):
+            if i == last:
+                emb = x[: size[1]]
+            x = self._layer(i, x, edge_index, size[1])
+            if i != last:
+                x = torch.relu(x)
+        return emb, x
+
+
+class FeatureMLP(nn.Module):
+    """Features-only baseline: an MLP on each seed's own features (no graph)."""
+
+    def __init__(self, in_dim: int, hidden_dim: int, out_dim: int, num_layers: int = 3):
+        super().__init__()
+        dims = [in_dim] + [hidden_dim] * (num_layers - 1) + [out_dim]
+        layers: list[nn.Module] = []
+        for i in range(num_layers):
+            layers.append(nn.Linear(dims[i], dims[i + 1]))
+            if i < num_layers - 1:
+                layers.append(nn.ReLU())
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+
+def build_model(cfg: ModelConfig) -> SampledGNN:
+    """Build the GNN that ``cfg`` describes (random initialisation)."""
+    return SampledGNN(cfg)
+
+
+def save_checkpoint(path, model: SampledGNN, extra: dict | None = None) -> None:
+    """Save weights and the model config together, atomically (write, then rename)."""
+    import os
+
+    tmp = f"{path}.tmp"
+    state = {"config": asdict(model.cfg), "state_dict": model.state_dict(), **(extra or {})}
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, map_location="cpu") -> tuple[SampledGNN, dict]:
+    """Rebuild a model saved by ``save_checkpoint``: ``(model in eval mode, checkpoint dict)``."""
+    import os
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        cfg = ModelConfig(**ckpt["config"])
+    except (KeyError, TypeError, RuntimeError, EOFError) as e:
+        raise ValueError(f"{path} is not a quiver model checkpoint ({e})") from None
+    model = build_model(cfg)
+    model.load_state_dict(ckpt["state_dict"])
+    model.eval()
+    return model, ckpt

@@ -1,0 +1,114 @@
+"""HTTP API over an ``Engine`` (FastAPI): ``POST /v1/predict``, ``GET /healthz``, ``GET /metrics``.
+
+Every error is JSON ``{"error": message}``: 400 for malformed JSON, 422 for a body that is
+valid JSON but names bad ids or fields, 429 when the queue is full, 503 while shutting down,
+500 when a batch failed inside the server. The OpenAPI schema is served at ``/openapi.json``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field, StrictInt
+
+from quiver.serving.batcher import Overloaded, ShuttingDown
+from quiver.serving.engine import Engine
+
+
+class PredictRequest(BaseModel):
+    """Body of ``POST /v1/predict``."""
+
+    nodes: list[StrictInt] = Field(..., description="node ids to predict, in [0, node_count)")
+    output: Literal["class", "logits", "embedding"] = Field(
+        "class", description="per-node class id, class logits, or the last hidden embedding"
+    )
+
+
+class PredictResponse(BaseModel):
+    """Body of a successful prediction: one entry of ``values`` per requested node."""
+
+    nodes: list[int]
+    output: str
+    values: list
+    latency_ms: float
+    late: bool
+    path: str
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse(status_code=status, content={"error": message})
+
+
+def _describe(err: RequestValidationError) -> tuple[int, str]:
+    """Turn pydantic's error list into one message; malformed JSON is a 400."""
+    errors = err.errors()
+    first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return 400, f"malformed JSON: {first.get('ctx', {}).get('error', 'cannot parse body')}"
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+    msg = first.get("msg", "invalid request")
+    if first.get("type") == "missing":
+        return 422, f"missing field '{loc}'"
+    return 422, f"invalid '{loc}': {msg}" + (
+        f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    )
+
+
+def create_app(engine: Engine) -> FastAPI:
+    """Build the FastAPI app serving ``engine`` (the caller starts and stops the engine)."""
+    app = FastAPI(
+        title="Quiver GNN serving",
+        version=__import__("quiver").__version__,
+        description="Low-latency GNN predictions for graph nodes.",
+    )
+
+    @app.exception_handler(RequestValidationError)
+    async def _on_invalid(request: Request, exc: RequestValidationError):
+        status, msg = _describe(exc)
+        engine.metrics.rejected.labels("invalid").inc()
+        return _error(status, msg)
+
+    @app.post(
+        "/v1/predict",
+        response_model=PredictResponse,
+        responses={400: {}, 422: {}, 429: {}, 500: {}, 503: {}},
+    )
+    async def predict(body: PredictRequest):
+        try:
+            fut = engine.submit(body.nodes, body.output)
+        except ValueError as e:
+            return _error(422, str(e))
+        except Overloaded as e:
+            return _error(429, str(e))
+        except ShuttingDown as e:
+            return _error(503, str(e))
+        try:
+            res = await asyncio.wrap_future(fut)
+        except Exception as e:  # a failed batch: answered, never dropped
+            return _error(500, f"prediction failed: {type(e).__name__}: {e}")
+        return {
+            "nodes": res.nodes.tolist(),
+            "output": res.output,
+            "values": res.values.tolist(),
+            "latency_ms": res.latency_ms,
+            "late": res.late,
+            "path": res.path,
+        }
+
+    @app.get("/healthz")
+    async def healthz():
+        return {
+            "status": "ok",
+            "node_count": engine.node_count,
+            "queue_depth": engine.queue_depth(),
+        }
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(engine.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app

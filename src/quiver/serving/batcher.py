@@ -1,0 +1,173 @@
+"""Admission and dynamic batching: a bounded queue of requests released as batches.
+
+A batch closes when its seed count reaches ``max_batch_nodes``, its summed PSGS reaches
+``max_batch_psgs``, or ``max_wait_ms`` has passed since its first request (Ray Serve's
+``@serve.batch`` policy, plus the PSGS budget). Every request owns one future.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from quiver.serving.config import OUTPUTS, ServeConfig
+
+
+class Overloaded(RuntimeError):
+    """The admission queue is full: the caller should retry later (HTTP 429)."""
+
+
+class ShuttingDown(RuntimeError):
+    """The engine no longer admits requests (HTTP 503)."""
+
+
+@dataclass
+class Request:
+    """One admitted request.
+
+    Args:
+        nodes: int64 node ids, shape ``(n,)``, validated.
+        output: ``"class"``, ``"logits"`` or ``"embedding"``.
+        arrival: ``time.perf_counter()`` at admission.
+        deadline: ``arrival + slo``; answering later counts the request as late.
+        future: resolved with a ``Result`` or an exception.
+    """
+
+    nodes: np.ndarray
+    output: str
+    arrival: float
+    deadline: float
+    future: Future = field(default_factory=Future)
+    psgs: float = 0.0
+
+
+@dataclass
+class Batch:
+    """Requests released together; ``seeds`` concatenates their nodes in request order."""
+
+    requests: list[Request]
+    seeds: np.ndarray
+    psgs: float
+    closed_by: str
+
+
+def validate_nodes(nodes, node_count: int, max_request_nodes: int) -> np.ndarray:
+    """Check a request's node ids and return them as int64; ``ValueError`` names the problem."""
+    if isinstance(nodes, (str, bytes)) or not hasattr(nodes, "__len__"):
+        raise ValueError("'nodes' must be a list of integer node ids")
+    if len(nodes) == 0:
+        raise ValueError("'nodes' is empty: name at least one node id")
+    if len(nodes) > max_request_nodes:
+        raise ValueError(
+            f"request names {len(nodes)} nodes; at most {max_request_nodes} are allowed"
+        )
+    if isinstance(nodes, (list, tuple)) and any(isinstance(v, bool) for v in nodes):
+        raise ValueError("node ids must be integers; got a boolean")
+    arr = np.asarray(nodes)
+    if arr.ndim != 1:
+        raise ValueError("'nodes' must be a flat list of integer node ids")
+    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+        bad = next(
+            (v for v in nodes if isinstance(v, bool) or not isinstance(v, (int, np.integer))), None
+        )
+        raise ValueError(f"node ids must be integers; got {bad!r}")
+    arr = arr.astype(np.int64, copy=False)
+    lo, hi = int(arr.min()), int(arr.max())
+    if lo < 0:
+        raise ValueError(f"node id {lo} is negative; ids are in [0, {node_count})")
+    if hi >= node_count:
+        raise ValueError(f"node id {hi} is out of range; ids are in [0, {node_count})")
+    return arr
+
+
+class DynamicBatcher:
+    """Thread-safe admission queue that releases batches by size, PSGS budget or wait time.
+
+    Args:
+        cfg: the serving config (queue capacity, batch limits, SLO).
+        node_count: number of graph nodes, for id validation.
+        psgs_table: optional per-node PSGS, shape ``(node_count,)``; enables the PSGS budget.
+    """
+
+    def __init__(self, cfg: ServeConfig, node_count: int, psgs_table=None):
+        self.cfg = cfg
+        self.node_count = int(node_count)
+        self.psgs_table = None if psgs_table is None else np.asarray(psgs_table, dtype=np.float64)
+        self._queue: deque[Request] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+
+    def submit(self, nodes, output: str = "class") -> Request:
+        """Validate and enqueue; raises ``ValueError``, ``Overloaded`` or ``ShuttingDown``."""
+        if output not in OUTPUTS:
+            raise ValueError(f"'output' must be one of {list(OUTPUTS)}, got {output!r}")
+        arr = validate_nodes(nodes, self.node_count, self.cfg.max_request_nodes)
+        now = time.perf_counter()
+        req = Request(arr, output, now, now + self.cfg.slo_ms / 1e3)
+        if self.psgs_table is not None:
+            req.psgs = float(self.psgs_table[arr].sum())
+        with self._cond:
+            if self._closed:
+                raise ShuttingDown("server is shutting down")
+            if len(self._queue) >= self.cfg.queue_capacity:
+                raise Overloaded(f"queue full ({self.cfg.queue_capacity} requests); retry later")
+            self._queue.append(req)
+            self._cond.notify()
+        return req
+
+    def depth(self) -> int:
+        """Requests waiting to be batched."""
+        return len(self._queue)
+
+    def close(self) -> None:
+        """Stop admitting; ``next_batch`` keeps releasing what is queued, then returns None."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def next_batch(self, timeout: float | None = None) -> Batch | None:
+        """Block until a batch closes; None when closed and drained (or on ``timeout``)."""
+        cfg = self.cfg
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._queue or self._closed, timeout):
+                return None
+            if not self._queue:
+                return None
+            first = self._queue[0]
+            close_at = first.arrival + cfg.max_wait_ms / 1e3
+            taken: list[Request] = []
+            nodes = 0
+            psgs = 0.0
+            limit_psgs = cfg.max_batch_psgs
+            while True:
+                stop = None
+                while self._queue:  # take every queued request that still fits
+                    req = self._queue[0]
+                    if taken and nodes + len(req.nodes) > cfg.max_batch_nodes:
+                        stop = "nodes"
+                        break
+                    if taken and limit_psgs is not None and psgs + req.psgs > limit_psgs:
+                        stop = "psgs"
+                        break
+                    taken.append(self._queue.popleft())
+                    nodes += len(req.nodes)
+                    psgs += req.psgs
+                if stop is None and nodes >= cfg.max_batch_nodes:
+                    stop = "nodes"
+                if stop is None and limit_psgs is not None and psgs >= limit_psgs:
+                    stop = "psgs"
+                if stop is None:
+                    remaining = close_at - time.perf_counter()
+                    if remaining <= 0 or self._closed:
+                        stop = "wait"
+                    else:
+                        self._cond.wait(remaining)
+                        continue
+                break
+        seeds = np.concatenate([r.nodes for r in taken])
+        return Batch(taken, seeds, psgs, stop)

@@ -1,0 +1,61 @@
+"""Python client of the HTTP API: ``quiver.Client(url).predict(nodes)``."""
+
+from __future__ import annotations
+
+import httpx
+
+
+class ServerError(RuntimeError):
+    """The server answered with an error; ``status`` is the HTTP code, the message its text."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class Client:
+    """Blocking client of a Quiver server.
+
+    Args:
+        url: base URL, e.g. ``"http://127.0.0.1:8000"``.
+        timeout: seconds per request (default 30).
+    """
+
+    def __init__(self, url: str, timeout: float = 30.0):
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def predict(self, nodes, output: str = "class") -> dict:
+        """Predict for ``nodes``; returns the JSON body (``values`` has one entry per node)."""
+        r = self._http.post(
+            "/v1/predict", json={"nodes": [int(n) for n in nodes], "output": output}
+        )
+        return self._json(r)
+
+    def health(self) -> dict:
+        return self._json(self._http.get("/healthz"))
+
+    def metrics(self) -> str:
+        r = self._http.get("/metrics")
+        r.raise_for_status()
+        return r.text
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @staticmethod
+    def _json(r: httpx.Response) -> dict:
+        if r.status_code >= 400:
+            try:
+                msg = r.json().get("error", r.text)
+            except ValueError:
+                msg = r.text
+            raise ServerError(r.status_code, msg)
+        return r.json()

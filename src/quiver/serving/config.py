@@ -1,0 +1,57 @@
+"""Serving configuration: one dataclass, validated on construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OUTPUTS = ("class", "logits", "embedding")
+
+
+@dataclass
+class ServeConfig:
+    """How the serving engine admits, batches and runs requests.
+
+    Args:
+        max_request_nodes: largest number of node ids one request may name (default 1024);
+            larger requests are rejected with a 4xx error.
+        queue_capacity: requests admitted but not yet batched (default 1024); when full, new
+            requests are rejected (HTTP 429) instead of growing the queue.
+        max_batch_nodes: a batch closes once its seed count reaches this (default 256).
+        max_batch_psgs: a batch also closes once its summed PSGS reaches this (default: no
+            limit); needs a PSGS table.
+        max_wait_ms: a batch closes this long after its first request arrived (default 2 ms).
+        slo_ms: each request's deadline after arrival (default 30 ms); a request answered later
+            is counted as late (and still answered).
+        num_sampler_workers: threads that sample and gather features for batches concurrently
+            (default 2); the model stage runs in its own thread, so stages overlap.
+        pipeline_depth: batches allowed to wait between stages (default 2); bounds memory.
+        torch_threads: intra-op threads for the model forward (default 1, leaving cores to the
+            sampler threads).
+    """
+
+    max_request_nodes: int = 1024
+    queue_capacity: int = 1024
+    max_batch_nodes: int = 256
+    max_batch_psgs: float | None = None
+    max_wait_ms: float = 2.0
+    slo_ms: float = 30.0
+    num_sampler_workers: int = 2
+    pipeline_depth: int = 2
+    torch_threads: int = 1
+
+    def __post_init__(self):
+        for name in (
+            "max_request_nodes",
+            "queue_capacity",
+            "max_batch_nodes",
+            "num_sampler_workers",
+            "pipeline_depth",
+            "torch_threads",
+        ):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"serve config: {name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_wait_ms", "slo_ms"):
+            if float(getattr(self, name)) < 0:
+                raise ValueError(f"serve config: {name} must be >= 0, got {getattr(self, name)}")
+        if self.max_batch_psgs is not None and self.max_batch_psgs <= 0:
+            raise ValueError(f"serve config: max_batch_psgs must be > 0, got {self.max_batch_psgs}")

@@ -1,0 +1,257 @@
+"""The serving engine: admission, batcher, sampler workers, model stage, per-request answers.
+
+Stages run in their own threads and overlap: while the model thread runs batch k, sampler
+workers already sample and gather batch k+1 (the numba sampler and torch release the GIL).
+Bounded queues between stages keep memory flat; a full admission queue rejects (HTTP 429).
+Every request is answered: with its result (flagged ``late`` past its deadline) or an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from quiver.serving.batcher import Batch, DynamicBatcher, Overloaded, ShuttingDown
+from quiver.serving.config import ServeConfig
+from quiver.serving.metrics import EngineMetrics
+
+log = logging.getLogger("quiver.serving")
+
+_STOP = object()
+
+
+@dataclass
+class Result:
+    """The answer to one request.
+
+    Args:
+        nodes: the request's node ids, in request order.
+        output: what ``values`` holds: ``"class"`` (int64 ``(n,)``), ``"logits"``
+            (``(n, classes)``) or ``"embedding"`` (``(n, hidden)``).
+        values: numpy array, one row per requested node, in request order.
+        latency_ms: admission to answer.
+        late: answered after the request's deadline.
+        path: sampling path of its batch (``"cpu"`` or ``"gpu"``).
+    """
+
+    nodes: np.ndarray
+    output: str
+    values: np.ndarray
+    latency_ms: float
+    late: bool
+    path: str
+
+
+@dataclass
+class _Sampled:
+    batch: Batch
+    inverse: np.ndarray  # (len(batch.seeds),) position of each seed among the unique seeds
+    x: torch.Tensor  # (len(n_id), F) gathered features
+    adjs: list
+    path: str
+
+
+class Engine:
+    """Serve GNN predictions for node ids, batching concurrent requests.
+
+    Args:
+        sampler: object with ``sample(seeds: LongTensor) -> (n_id, batch_size, adjs)`` (e.g.
+            ``quiver.pyg.GraphSageSampler`` or ``quiver.HybridSampler``). If it also has
+            ``route(seeds) -> str``, that names the path for metrics and is passed back as
+            ``sample(seeds, path=...)``.
+        features: ``quiver.Feature`` or a tensor; ``features[n_id]`` gives ``(len(n_id), F)``.
+        model: a ``quiver.models.SampledGNN`` (put in eval mode here).
+        node_count: number of graph nodes (ids are validated against it).
+        cfg: batching and threading config.
+        psgs_table: optional per-node PSGS for the batcher's PSGS budget.
+        record: keep ``(seeds, n_id, adjs)`` of every batch in ``self.recorded`` (tests).
+    """
+
+    def __init__(
+        self,
+        sampler,
+        features,
+        model: torch.nn.Module,
+        node_count: int,
+        cfg: ServeConfig | None = None,
+        psgs_table=None,
+        record: bool = False,
+    ):
+        self.cfg = cfg or ServeConfig()
+        self.sampler = sampler
+        self.features = features
+        self.model = model.eval()
+        self.node_count = int(node_count)
+        self.batcher = DynamicBatcher(self.cfg, self.node_count, psgs_table)
+        self.metrics = EngineMetrics(self)
+        self.record = record
+        self.recorded: list[tuple] = []
+        self._sample_q: queue.Queue = queue.Queue(maxsize=self.cfg.pipeline_depth)
+        self._model_q: queue.Queue = queue.Queue(maxsize=self.cfg.pipeline_depth)
+        self._threads: list[threading.Thread] = []
+        self._started = False
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> Engine:
+        """Start the stage threads (idempotent)."""
+        if self._started:
+            return self
+        torch.set_num_threads(self.cfg.torch_threads)
+        self._threads = [threading.Thread(target=self._batch_loop, name="quiver-batcher")]
+        self._threads += [
+            threading.Thread(target=self._sample_loop, name=f"quiver-sampler-{i}")
+            for i in range(self.cfg.num_sampler_workers)
+        ]
+        self._threads.append(threading.Thread(target=self._model_loop, name="quiver-model"))
+        for t in self._threads:
+            t.daemon = True
+            t.start()
+        self._started = True
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop admitting, answer every admitted request, then join the threads."""
+        self.batcher.close()
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self._started = False
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- requests --------------------------------------------------------------------------
+    def submit(self, nodes, output: str = "class"):
+        """Admit a request; returns its ``concurrent.futures.Future`` of a ``Result``.
+
+        Raises ``ValueError`` (bad ids or output), ``Overloaded`` (queue full) or
+        ``ShuttingDown``.
+        """
+        try:
+            req = self.batcher.submit(nodes, output)
+        except ValueError:
+            self.metrics.rejected.labels("invalid").inc()
+            raise
+        except Overloaded:
+            self.metrics.rejected.labels("overloaded").inc()
+            raise
+        except ShuttingDown:
+            self.metrics.rejected.labels("shutting_down").inc()
+            raise
+        return req.future
+
+    def predict(self, nodes, output: str = "class", timeout: float | None = 60.0) -> Result:
+        """Blocking convenience: submit and wait for the ``Result``."""
+        return self.submit(nodes, output).result(timeout)
+
+    def queue_depth(self) -> int:
+        return self.batcher.depth()
+
+    def feature_stats(self) -> dict:
+        stats = getattr(self.features, "stats", None)
+        return dict(stats()) if callable(stats) else {}
+
+    # ---- stages ----------------------------------------------------------------------------
+    def _batch_loop(self) -> None:
+        while True:
+            batch = self.batcher.next_batch(timeout=0.1)
+            if batch is None:
+                if self.batcher._closed and self.batcher.depth() == 0:
+                    break
+                continue
+            self._sample_q.put(batch)
+        for _ in range(self.cfg.num_sampler_workers):
+            self._sample_q.put(_STOP)
+
+    def _sample_loop(self) -> None:
+        while True:
+            batch = self._sample_q.get()
+            if batch is _STOP:
+                self._model_q.put(_STOP)
+                return
+            try:
+                self._model_q.put(self._sample(batch))
+            except Exception as e:  # one bad batch answers its requests with the error
+                log.exception("sampling failed for a batch of %d requests", len(batch.requests))
+                self._fail(batch, e)
+
+    def _sample(self, batch: Batch) -> _Sampled:
+        unique, inverse = np.unique(batch.seeds, return_inverse=True)
+        seeds = torch.from_numpy(unique)
+        route = getattr(self.sampler, "route", None)
+        if route is not None:
+            path = route(seeds)
+            n_id, batch_size, adjs = self.sampler.sample(seeds, path=path)
+        else:
+            path = "cpu"
+            n_id, batch_size, adjs = self.sampler.sample(seeds)
+        assert batch_size == len(unique), "sampler must put the seeds first in n_id"
+        x = self.features[n_id]
+        if self.record:
+            self.recorded.append((seeds, n_id, adjs))
+        return _Sampled(batch, inverse, x, adjs, str(path))
+
+    def _model_loop(self) -> None:
+        stops = 0
+        while stops < self.cfg.num_sampler_workers:
+            item = self._model_q.get()
+            if item is _STOP:
+                stops += 1
+                continue
+            try:
+                self._run_model(item)
+            except Exception as e:
+                log.exception("model failed for a batch of %d requests", len(item.batch.requests))
+                self._fail(item.batch, e)
+
+    def _run_model(self, s: _Sampled) -> None:
+        batch = s.batch
+        want_emb = any(r.output == "embedding" for r in batch.requests)
+        with torch.inference_mode():
+            if want_emb:
+                emb, logits = self.model.forward_all(s.x, s.adjs)
+            else:
+                emb, logits = None, self.model(s.x, s.adjs)
+        # rows per seed of the batch, in request order: (len(batch.seeds), C)
+        logits_np = logits.float().numpy()[s.inverse]
+        classes = logits_np.argmax(axis=1)
+        emb_np = emb.float().numpy()[s.inverse] if emb is not None else None
+        now = time.perf_counter()
+        self.metrics.batches.labels(s.path, batch.closed_by).inc()
+        self.metrics.batch_nodes.observe(len(batch.seeds))
+        start = 0
+        for req in batch.requests:
+            n = len(req.nodes)
+            sl = slice(start, start + n)
+            start += n
+            if req.output == "class":
+                values = classes[sl]
+            elif req.output == "logits":
+                values = logits_np[sl]
+            else:
+                values = emb_np[sl]
+            late = now > req.deadline
+            latency = now - req.arrival
+            self.metrics.latency.observe(latency)
+            self.metrics.requests.labels("ok").inc()
+            if late:
+                self.metrics.late.inc()
+            req.future.set_result(
+                Result(req.nodes, req.output, values, latency * 1e3, late, s.path)
+            )
+        assert start == len(batch.seeds), "every seed of the batch is answered exactly once"
+
+    def _fail(self, batch: Batch, err: Exception) -> None:
+        for req in batch.requests:
+            self.metrics.requests.labels("error").inc()
+            if not req.future.done():
+                req.future.set_exception(err)

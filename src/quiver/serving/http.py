@@ -1,0 +1,46 @@
+"""Run a FastAPI app with uvicorn in a background thread (tests, ``quiver.Server``, benchmarks)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+
+class HTTPThread:
+    """uvicorn in a daemon thread; ``port=0`` picks a free loopback port (see ``self.port``).
+
+    Args:
+        app: the ASGI app.
+        host: interface to bind (default loopback only).
+        port: TCP port, 0 for any free one.
+    """
+
+    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+        import uvicorn
+
+        cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        self.server = uvicorn.Server(cfg)
+        self.host = host
+        self.port = port
+        self._thread = threading.Thread(target=self.server.run, name="quiver-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> HTTPThread:
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self._thread.is_alive():
+                raise RuntimeError(f"HTTP server failed to start on {self.host}:{self.port}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("HTTP server did not start in time")
+            time.sleep(0.01)
+        sock = self.server.servers[0].sockets[0]
+        self.port = sock.getsockname()[1]
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout)

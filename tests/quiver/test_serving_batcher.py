@@ -1,0 +1,108 @@
+"""Admission and dynamic batching: validation, closing rules, bounded queue, drain on close."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from quiver.serving.batcher import DynamicBatcher, Overloaded, ShuttingDown, validate_nodes
+from quiver.serving.config import ServeConfig
+
+
+@pytest.mark.parametrize(
+    "nodes,match",
+    [
+        ([], "empty"),
+        ("12", "list of integer"),
+        (5, "list of integer"),
+        ([1, 2.5], "integers"),
+        ([1, True], "integers"),
+        ([[1, 2]], "flat list"),
+        ([1, -3], "negative"),
+        ([1, 100], "out of range"),
+        (list(range(11)), "at most 10"),
+    ],
+)
+def test_validate_nodes_rejects_bad_input(nodes, match):
+    with pytest.raises(ValueError, match=match):
+        validate_nodes(nodes, node_count=100, max_request_nodes=10)
+
+
+def test_validate_nodes_accepts_and_keeps_order():
+    out = validate_nodes([5, 1, 5, 99], 100, 10)
+    assert out.dtype == np.int64 and out.tolist() == [5, 1, 5, 99]
+
+
+def test_batch_closes_on_node_limit_without_splitting_requests():
+    b = DynamicBatcher(ServeConfig(max_batch_nodes=5, max_wait_ms=1000), node_count=100)
+    r1 = b.submit([1, 2, 3])
+    r2 = b.submit([4, 5])
+    r3 = b.submit([6, 7])
+    t0 = time.perf_counter()
+    batch = b.next_batch(timeout=1)
+    assert time.perf_counter() - t0 < 0.5, "a full batch must not wait for max_wait"
+    assert batch.requests == [r1, r2] and batch.closed_by == "nodes"
+    assert batch.seeds.tolist() == [1, 2, 3, 4, 5]
+    b.close()
+    rest = b.next_batch(timeout=1)
+    assert rest.requests == [r3]
+
+
+def test_batch_closes_on_wait():
+    b = DynamicBatcher(ServeConfig(max_batch_nodes=100, max_wait_ms=30), node_count=100)
+    b.submit([1])
+    t0 = time.perf_counter()
+    batch = b.next_batch(timeout=2)
+    waited = time.perf_counter() - t0
+    assert batch.closed_by == "wait" and len(batch.requests) == 1
+    assert 0.02 <= waited < 0.5
+
+
+def test_late_arrivals_join_an_open_batch():
+    b = DynamicBatcher(ServeConfig(max_batch_nodes=100, max_wait_ms=200), node_count=100)
+    b.submit([1])
+    threading.Timer(0.05, lambda: b.submit([2, 3])).start()
+    batch = b.next_batch(timeout=2)
+    assert batch.seeds.tolist() == [1, 2, 3]
+
+
+def test_batch_closes_on_psgs_budget():
+    table = np.zeros(100)
+    table[[1, 2, 3]] = [10.0, 30.0, 50.0]
+    cfg = ServeConfig(max_batch_nodes=100, max_batch_psgs=45.0, max_wait_ms=1000)
+    b = DynamicBatcher(cfg, node_count=100, psgs_table=table)
+    r1 = b.submit([1, 2])  # psgs 40
+    b.submit([3])  # psgs 50: would exceed 45
+    batch = b.next_batch(timeout=1)
+    assert batch.requests == [r1] and batch.closed_by == "psgs" and batch.psgs == 40.0
+
+
+def test_full_queue_rejects_and_close_refuses_new():
+    b = DynamicBatcher(ServeConfig(queue_capacity=2), node_count=10)
+    b.submit([1])
+    b.submit([2])
+    with pytest.raises(Overloaded):
+        b.submit([3])
+    assert b.depth() == 2
+    b.close()
+    with pytest.raises(ShuttingDown):
+        b.submit([4])
+    # admitted requests are still released after close
+    got = b.next_batch(timeout=1)
+    assert [r.nodes.tolist() for r in got.requests] == [[1], [2]]
+    assert b.next_batch(timeout=0.1) is None
+
+
+def test_unknown_output_rejected():
+    b = DynamicBatcher(ServeConfig(), node_count=10)
+    with pytest.raises(ValueError, match="output"):
+        b.submit([1], output="probabilities")
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(queue_capacity=0), dict(max_wait_ms=-1), dict(max_batch_psgs=0)]
+)
+def test_bad_serve_config(kwargs):
+    with pytest.raises(ValueError, match="serve config"):
+        ServeConfig(**kwargs)
