@@ -36,5 +36,11 @@ format: $(STAMP)
 bench: $(STAMP)
 	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
+# Baseline envs for the benchmarks (.bench-env/pyg: torch-sparse built from source, ~15 min;
+# .bench-env/dgl: torch 2.2.1 + dgl 2.1.0, ~2.8 GB download). Idempotent; never run by test/CI.
+bench-env: $(STAMP)
+	bench/baselines/build_envs.sh all
+	$(PY) bench/baselines/check_envs.py --verify
+
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
