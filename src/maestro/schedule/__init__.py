@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from maestro.schedule.monolithic import monolithic_schedule
 from maestro.schedule.types import (
     MicroBatch,
     ReplicaSpec,
@@ -17,10 +18,14 @@ from maestro.schedule.types import (
     SectionSpec,
     fifo_schedule,
 )
+from maestro.schedule.validate import validate_schedule
+from maestro.schedule.wavefront import wavefront_schedule
 
 #: name -> ``fn(samples, sections, cost_model=None) -> Schedule``
 SCHEDULERS: dict[str, Callable[..., Schedule]] = {
     "fifo": fifo_schedule,
+    "monolithic": monolithic_schedule,
+    "wavefront": wavefront_schedule,
 }
 
 
@@ -42,4 +47,7 @@ __all__ = [
     "SectionSpec",
     "fifo_schedule",
     "get_scheduler",
+    "monolithic_schedule",
+    "validate_schedule",
+    "wavefront_schedule",
 ]

@@ -72,6 +72,9 @@ class Schedule:
         order: for every section, for every replica index, the ordered micro-batches it runs.
             ``order["llm"][1][0]`` is the first micro-batch of the llm's replica 1.
         name: which scheduler produced it (for logs and traces).
+        colocated: every section shares the same ranks (the monolithic baseline): each section
+            has one replica per rank, and ``order[sec][r][i]`` is the part of rank ``r``'s
+            ``i``-th whole-model micro-batch that activates ``sec`` (it may be empty).
 
     Routing is derived, not stored twice: ``replica_of(section, sample_id)`` tells which
     replica holds a sample, so a producer sends each sample's output to the consumer replica
@@ -80,6 +83,7 @@ class Schedule:
 
     order: dict[str, list[list[MicroBatch]]]
     name: str = "fifo"
+    colocated: bool = False
 
     def replica_of(self, section: str, sample_id: int) -> int:
         """Index of the replica of ``section`` that processes ``sample_id``."""
@@ -107,7 +111,8 @@ def fifo_schedule(
 
     Samples activated for a section are split into contiguous chunks of roughly equal size per
     replica (data-parallel sharding, in data order), then cut into micro-batches of at most
-    ``micro_batch_size``. This is the runtime's baseline behaviour.
+    ``micro_batch_size`` samples (and ``token_budget`` tokens, if set). This is the runtime's
+    baseline behaviour.
     """
     order: dict[str, list[list[MicroBatch]]] = {}
     for sec in sections:
@@ -115,11 +120,25 @@ def fifo_schedule(
         # contiguous shards: replica r gets ids[r*n/dp : (r+1)*n/dp]
         n = len(ids)
         per = [ids[(r * n) // sec.dp : ((r + 1) * n) // sec.dp] for r in range(sec.dp)]
-        order[sec.name] = [
-            [
-                MicroBatch(tuple(shard[i : i + sec.micro_batch_size]))
-                for i in range(0, len(shard), sec.micro_batch_size)
-            ]
-            for shard in per
-        ]
+        cost = {s.sample_id: s.cost for s in samples}
+        order[sec.name] = [_cut(shard, sec, cost) for shard in per]
     return Schedule(order=order, name="fifo")
+
+
+def _cut(ids: list[int], sec: SectionSpec, cost: Mapping[int, Mapping[str, float]]):
+    """Cut ids, in order, into micro-batches of at most ``micro_batch_size`` samples and at
+    most ``token_budget`` tokens (a longer single sample forms its own micro-batch)."""
+    out: list[MicroBatch] = []
+    cur: list[int] = []
+    tok = 0.0
+    for i in ids:
+        t = cost[i].get("tokens", 0.0)
+        budget_hit = sec.token_budget is not None and cur and tok + t > sec.token_budget
+        if len(cur) >= sec.micro_batch_size or budget_hit:
+            out.append(MicroBatch(tuple(cur)))
+            cur, tok = [], 0.0
+        cur.append(i)
+        tok += t
+    if cur:
+        out.append(MicroBatch(tuple(cur)))
+    return out

@@ -1,0 +1,395 @@
+"""Cost model: seconds per section micro-batch, per transfer and per gradient all-reduce.
+
+The wavefront scheduler uses it to estimate when samples become ready and to balance replicas;
+the simulator replays schedules on it; the planner (``maestro.plan``) can reuse both. Two
+implementations share the ``CostModel`` interface:
+
+- ``AnalyticalCostModel``: FLOPs and bytes from each section's transformer shape on a GPU preset
+  (``GPU_PRESETS``: H100, H200 bf16), with an efficiency curve that falls for small micro-batches.
+- ``MeasuredCostModel``: linear fits (non-negative least squares) to a JSON profile measured on
+  this machine.
+
+A micro-batch is described by its *features* (``micro_batch_features``): ``samples`` plus the sum
+of every cost key of its samples (``tokens``, ``images``, ...) and ``tokens_sq`` (sum of squared
+per-sample token counts, for attention).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+Features = Mapping[str, float]
+
+
+def micro_batch_features(costs: Iterable[Mapping[str, float]]) -> dict[str, float]:
+    """Sum per-sample cost dicts into micro-batch features.
+
+    Args:
+        costs: the ``SampleInfo.cost`` of every sample in the micro-batch.
+
+    Returns:
+        ``{"samples": n, "tokens_sq": sum(t**2), key: sum(value) for every cost key}``.
+    """
+    out: dict[str, float] = {"samples": 0.0, "tokens_sq": 0.0}
+    for c in costs:
+        out["samples"] += 1.0
+        for k, v in c.items():
+            out[k] = out.get(k, 0.0) + v
+        t = c.get("tokens", 0.0)
+        out["tokens_sq"] += t * t
+    return out
+
+
+class CostModel:
+    """Interface: every time is in seconds. Subclasses implement the four methods."""
+
+    def forward_time(self, section: str, feats: Features) -> float:
+        """Forward of one micro-batch with features ``feats`` on one replica of ``section``."""
+        raise NotImplementedError
+
+    def backward_time(self, section: str, feats: Features) -> float:
+        """Backward (including recompute, if any) of the same micro-batch."""
+        raise NotImplementedError
+
+    def transfer_time(self, producer: str, feats: Features, same_node: bool) -> float:
+        """Sending ``producer``'s outputs (or their gradients) for samples with ``feats``.
+
+        Args:
+            producer: the section whose per-sample outputs are sent.
+            feats: features of the samples in the (coalesced) message.
+            same_node: sender and receiver share a node (NVLink/shared memory) or not.
+        """
+        raise NotImplementedError
+
+    def allreduce_time(self, section: str, dp: int, same_node: bool) -> float:
+        """Gradient all-reduce plus optimizer step of ``section`` over ``dp`` replicas."""
+        raise NotImplementedError
+
+
+class UnitCostModel(CostModel):
+    """The default when no cost model is given: one unit per sample plus its cost features.
+
+    Forward costs ``samples + sum(cost values)``; backward twice that; transfers and
+    all-reduces are free. Enough for schedulers to balance by cost rather than count.
+    """
+
+    def forward_time(self, section: str, feats: Features) -> float:
+        return sum(v for k, v in feats.items() if k != "tokens_sq")
+
+    def backward_time(self, section: str, feats: Features) -> float:
+        return 2.0 * self.forward_time(section, feats)
+
+    def transfer_time(self, producer: str, feats: Features, same_node: bool) -> float:
+        return 0.0
+
+    def allreduce_time(self, section: str, dp: int, same_node: bool) -> float:
+        return 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Analytical model
+
+
+@dataclass(frozen=True)
+class GPUPreset:
+    """Peak figures of one accelerator and its links (dense bf16; vendor data sheets).
+
+    Args:
+        name: preset name.
+        flops: dense bf16 FLOP/s of one GPU.
+        hbm_bw: HBM bandwidth, bytes/s.
+        memory: HBM capacity, bytes.
+        nvlink_bw: NVLink bandwidth per GPU and direction, bytes/s.
+        net_bw: inter-node bandwidth per GPU (one NIC per GPU), bytes/s.
+        gpus_per_node: GPUs that share an NVLink domain.
+        link_latency: per-message latency, seconds (same for both link kinds, as a floor).
+        mfu_max: best fraction of ``flops`` a large matmul-bound micro-batch reaches.
+        half_tokens: micro-batch size in tokens at which efficiency is half of ``mfu_max``
+            (small micro-batches cannot fill the GPU).
+        layer_overhead: fixed seconds per layer and pass (kernel launches, norms, small ops).
+    """
+
+    name: str
+    flops: float
+    hbm_bw: float
+    memory: float
+    nvlink_bw: float
+    net_bw: float
+    gpus_per_node: int = 8
+    link_latency: float = 10e-6
+    mfu_max: float = 0.55
+    half_tokens: float = 512.0
+    layer_overhead: float = 60e-6
+
+
+#: H100 SXM5 and H200 SXM: 989 TFLOP/s dense bf16, HBM3 3.35 TB/s (80 GB) / HBM3e 4.8 TB/s
+#: (141 GB), NVLink 4 at 900 GB/s total (450 GB/s per direction), one 400 Gb/s NIC per GPU.
+GPU_PRESETS: dict[str, GPUPreset] = {
+    "H100": GPUPreset("H100", 989e12, 3.35e12, 80e9, 450e9, 50e9),
+    "H200": GPUPreset("H200", 989e12, 4.8e12, 141e9, 450e9, 50e9),
+}
+
+
+@dataclass(frozen=True)
+class SectionShape:
+    """A transformer-like section for the analytical model.
+
+    Args:
+        layers: number of transformer blocks.
+        hidden: model width ``d``.
+        ffn_hidden: MLP inner width (default ``4 * hidden``).
+        vocab: output vocabulary (LM head); 0 for an encoder.
+        unit: the sample cost key counting this section's inputs: ``"tokens"`` (sequence length,
+            attention over the whole sample) or e.g. ``"images"`` (each unit attends within
+            itself).
+        tokens_per_unit: sequence positions per unit (e.g. 256 patches per image).
+        out_bytes_per_unit: bytes of output sent to each consumer per unit (hidden states,
+            logits); the same bytes come back as gradients.
+        recompute: backward recomputes the forward (activation checkpointing).
+    """
+
+    layers: int
+    hidden: int
+    ffn_hidden: int = 0
+    vocab: int = 0
+    unit: str = "tokens"
+    tokens_per_unit: float = 1.0
+    out_bytes_per_unit: float = 0.0
+    recompute: bool = False
+
+    @property
+    def params(self) -> float:
+        """Parameter count: attention ``4 d^2`` plus MLP ``2 d f`` per layer, plus the LM head."""
+        ffn = self.ffn_hidden or 4 * self.hidden
+        return self.layers * (4 * self.hidden**2 + 2 * self.hidden * ffn) + self.vocab * self.hidden
+
+    def positions(self, feats: Features) -> float:
+        """Sequence positions in a micro-batch."""
+        return feats.get(self.unit, 0.0) * self.tokens_per_unit
+
+    def forward_flops(self, feats: Features) -> float:
+        """Matmul FLOPs of one forward: ``2 * params * positions`` plus attention scores."""
+        pos = self.positions(feats)
+        if self.unit == "tokens":
+            sq = feats.get("tokens_sq", pos * pos / max(feats.get("samples", 1.0), 1.0))
+        else:  # each unit attends within itself
+            sq = feats.get(self.unit, 0.0) * self.tokens_per_unit**2
+        return 2.0 * self.params * pos + 4.0 * self.layers * self.hidden * sq
+
+
+@dataclass
+class AnalyticalCostModel(CostModel):
+    """FLOPs/bytes model of sections on a GPU preset.
+
+    Args:
+        shapes: section name -> ``SectionShape``.
+        gpu: the accelerator preset.
+        efficiency: multiplies achieved FLOP/s (fit it from a measured profile; 1.0 = preset).
+        grad_bytes: bytes per parameter in the gradient all-reduce (2 = bf16).
+        optim_bytes: bytes per parameter the optimizer step reads and writes (Adam, fp32
+            master weights and moments), sharded over the DP group.
+    """
+
+    shapes: dict[str, SectionShape]
+    gpu: GPUPreset = field(default_factory=lambda: GPU_PRESETS["H100"])
+    efficiency: float = 1.0
+    grad_bytes: float = 2.0
+    optim_bytes: float = 16.0
+
+    def _shape(self, section: str) -> SectionShape:
+        try:
+            return self.shapes[section]
+        except KeyError:
+            raise ValueError(f"cost model has no shape for section {section!r}") from None
+
+    def _pass_time(
+        self, shape: SectionShape, feats: Features, flops: float, passes: float
+    ) -> float:
+        if feats.get("samples", 0.0) <= 0:
+            return 0.0
+        pos = shape.positions(feats)
+        g = self.gpu
+        eff = g.mfu_max * self.efficiency * pos / (pos + g.half_tokens) if pos > 0 else 0.0
+        compute = flops / (g.flops * eff) if eff > 0 else 0.0
+        weights = passes * 2.0 * shape.params / g.hbm_bw  # bf16 weights streamed once per pass
+        return max(compute, weights) + passes * shape.layers * g.layer_overhead
+
+    def forward_time(self, section: str, feats: Features) -> float:
+        shape = self._shape(section)
+        return self._pass_time(shape, feats, shape.forward_flops(feats), 1.0)
+
+    def backward_time(self, section: str, feats: Features) -> float:
+        shape = self._shape(section)
+        passes = 3.0 if shape.recompute else 2.0
+        return self._pass_time(shape, feats, passes * shape.forward_flops(feats), passes)
+
+    def transfer_time(self, producer: str, feats: Features, same_node: bool) -> float:
+        shape = self._shape(producer)
+        nbytes = feats.get(shape.unit, 0.0) * shape.out_bytes_per_unit
+        if nbytes <= 0:
+            return 0.0
+        bw = self.gpu.nvlink_bw if same_node else self.gpu.net_bw
+        return self.gpu.link_latency + nbytes / bw
+
+    def allreduce_time(self, section: str, dp: int, same_node: bool) -> float:
+        shape = self._shape(section)
+        optim = shape.params * self.optim_bytes / self.gpu.hbm_bw / dp
+        if dp <= 1:
+            return optim
+        bw = self.gpu.nvlink_bw if same_node else self.gpu.net_bw
+        ring = 2.0 * (dp - 1) / dp * shape.params * self.grad_bytes / bw
+        return ring + 2.0 * math.log2(dp) * self.gpu.link_latency + optim
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured model
+
+
+@dataclass
+class LinearFit:
+    """``time = sum(coef[k] * feats[k])`` with ``feats["const"] = 1``; coefficients >= 0."""
+
+    coef: dict[str, float]
+
+    def __call__(self, feats: Features) -> float:
+        if feats.get("samples", 0.0) <= 0:
+            return 0.0
+        return sum(c * (1.0 if k == "const" else feats.get(k, 0.0)) for k, c in self.coef.items())
+
+    @classmethod
+    def fit(cls, rows: list[tuple[Mapping[str, float], float]], keys: list[str]) -> LinearFit:
+        """Non-negative least squares of ``time`` on ``["const", *keys]``.
+
+        Args:
+            rows: ``(features, seconds)`` measurements.
+            keys: feature names to use besides the constant.
+        """
+        import numpy as np
+        from scipy.optimize import nnls
+
+        cols = ["const", *keys]
+        a = np.array([[1.0 if k == "const" else f.get(k, 0.0) for k in cols] for f, _ in rows])
+        b = np.array([t for _, t in rows])
+        # scale columns so nnls is well conditioned across features of very different sizes
+        scale = np.maximum(np.abs(a).max(axis=0), 1e-12)
+        x, _ = nnls(a / scale, b)
+        return cls({k: float(v / s) for k, v, s in zip(cols, x, scale)})
+
+
+@dataclass
+class MeasuredCostModel(CostModel):
+    """Linear fits of measured forward and forward+backward times, per section.
+
+    Args:
+        forward: section -> fit of forward seconds.
+        forward_backward: section -> fit of forward+backward seconds (backward = difference).
+        bytes_per: section -> {feature: output bytes per unit of that feature}.
+        param_bytes: section -> bytes of gradients all-reduced each step.
+        link_bw: bytes/s between processes (measured or assumed), both for transfers and
+            all-reduce.
+        link_latency: seconds per message.
+    """
+
+    forward: dict[str, LinearFit]
+    forward_backward: dict[str, LinearFit]
+    bytes_per: dict[str, dict[str, float]] = field(default_factory=dict)
+    param_bytes: dict[str, float] = field(default_factory=dict)
+    link_bw: float = 2e9
+    link_latency: float = 50e-6
+
+    def forward_time(self, section: str, feats: Features) -> float:
+        try:
+            return max(0.0, self.forward[section](feats))
+        except KeyError:
+            raise ValueError(f"profile has no section {section!r}") from None
+
+    def backward_time(self, section: str, feats: Features) -> float:
+        if section not in self.forward_backward:
+            raise ValueError(f"profile has no backward for section {section!r}")
+        return max(0.0, self.forward_backward[section](feats) - self.forward_time(section, feats))
+
+    def transfer_time(self, producer: str, feats: Features, same_node: bool) -> float:
+        per = self.bytes_per.get(producer, {})
+        nbytes = sum(v * feats.get(k, 0.0) for k, v in per.items())
+        return self.link_latency + nbytes / self.link_bw if nbytes > 0 else 0.0
+
+    def allreduce_time(self, section: str, dp: int, same_node: bool) -> float:
+        if dp <= 1:
+            return 0.0
+        nbytes = self.param_bytes.get(section, 0.0)
+        return 2.0 * (dp - 1) / dp * nbytes / self.link_bw + 2 * (dp - 1) * self.link_latency
+
+    @classmethod
+    def from_profile(cls, profile: Mapping | str | Path) -> MeasuredCostModel:
+        """Fit from a profile dict or JSON file.
+
+        The profile has ``{"sections": {name: {"rows": [{"features": {...}, "forward_s": x,
+        "forward_backward_s": y (optional)}, ...], "bytes_per": {...}, "param_bytes": n}},
+        "link_bw": ..., "link_latency": ...}``. Features used for the fit are those that vary
+        across the section's rows.
+        """
+        if not isinstance(profile, Mapping):
+            path = Path(profile)
+            if not path.exists():
+                raise FileNotFoundError(f"profile {path} does not exist")
+            profile = json.loads(path.read_text())
+        secs = profile.get("sections")
+        if not secs:
+            raise ValueError("profile has no 'sections'")
+        fwd, fb, bytes_per, params = {}, {}, {}, {}
+        for name, rec in secs.items():
+            rows = rec.get("rows", [])
+            if len(rows) < 2:
+                raise ValueError(f"profile section {name!r} needs at least 2 measured rows")
+            keys = sorted(
+                {k for r in rows for k in r["features"]}
+                - {
+                    k
+                    for k in rows[0]["features"]
+                    if all(r["features"].get(k) == rows[0]["features"][k] for r in rows)
+                }
+            )
+            fwd[name] = LinearFit.fit([(r["features"], r["forward_s"]) for r in rows], keys)
+            fb_rows = [
+                (r["features"], r["forward_backward_s"])
+                for r in rows
+                if r.get("forward_backward_s") is not None
+            ]
+            if fb_rows:
+                fb[name] = LinearFit.fit(fb_rows, keys)
+            bytes_per[name] = dict(rec.get("bytes_per", {}))
+            params[name] = float(rec.get("param_bytes", 0.0))
+        return cls(
+            forward=fwd,
+            forward_backward=fb,
+            bytes_per=bytes_per,
+            param_bytes=params,
+            link_bw=float(profile.get("link_bw", 2e9)),
+            link_latency=float(profile.get("link_latency", 50e-6)),
+        )
+
+
+def preset(name: str) -> GPUPreset:
+    """The GPU preset called ``name`` (case-insensitive); ``ValueError`` lists the known ones."""
+    key = name.upper()
+    if key not in GPU_PRESETS:
+        raise ValueError(f"unknown GPU preset {name!r}; choose one of: {', '.join(GPU_PRESETS)}")
+    return GPU_PRESETS[key]
+
+
+__all__ = [
+    "GPU_PRESETS",
+    "AnalyticalCostModel",
+    "CostModel",
+    "GPUPreset",
+    "LinearFit",
+    "MeasuredCostModel",
+    "SectionShape",
+    "UnitCostModel",
+    "micro_batch_features",
+    "preset",
+]

@@ -1,0 +1,68 @@
+"""The monolithic baseline as a schedule: every rank runs the whole model (DDP).
+
+All sections share all ranks (``Schedule.colocated``). Samples are sharded over the ranks in
+data order, as a ``DistributedSampler`` would, and cut into micro-batches of one size for the
+whole model: the smallest ``micro_batch_size`` (and ``token_budget``) of any section, since one
+micro-batch must fit every component's memory at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from maestro.schedule.graph import check_sections
+from maestro.schedule.types import MicroBatch, SampleInfo, Schedule, SectionSpec
+
+
+def monolithic_schedule(
+    samples: Sequence[SampleInfo],
+    sections: Sequence[SectionSpec],
+    cost_model=None,
+    *,
+    world_size: int | None = None,
+) -> Schedule:
+    """Whole-model micro-batches, contiguous data-order shards, one per rank.
+
+    Args:
+        samples: the global batch.
+        sections: section specs; their ``dp`` only sets the default world size.
+        cost_model: unused (the baseline does not look at costs).
+        world_size: number of ranks (default: the sum of the sections' ``dp``).
+
+    Returns:
+        A colocated schedule: ``order[sec][r][i]`` is the part of rank ``r``'s ``i``-th
+        micro-batch that activates ``sec`` (empty when none of its samples do).
+    """
+    check_sections(sections)
+    world = world_size if world_size is not None else sum(s.dp for s in sections)
+    if world < 1:
+        raise ValueError(f"world_size must be >= 1, got {world}")
+    mbs = min(s.micro_batch_size for s in sections)
+    budgets = [s.token_budget for s in sections if s.token_budget is not None]
+    budget = min(budgets) if budgets else None
+
+    n = len(samples)
+    order: dict[str, list[list[MicroBatch]]] = {s.name: [] for s in sections}
+    for r in range(world):
+        shard = samples[(r * n) // world : ((r + 1) * n) // world]
+        whole: list[list[SampleInfo]] = []
+        cur: list[SampleInfo] = []
+        tok = 0.0
+        for s in shard:
+            t = s.cost.get("tokens", 0.0)
+            full = len(cur) >= mbs or (budget is not None and cur and tok + t > budget)
+            if full:
+                whole.append(cur)
+                cur, tok = [], 0.0
+            cur.append(s)
+            tok += t
+        if cur:
+            whole.append(cur)
+        for sec in sections:
+            order[sec.name].append(
+                [
+                    MicroBatch(tuple(s.sample_id for s in mb if sec.name in s.sections))
+                    for mb in whole
+                ]
+            )
+    return Schedule(order=order, name="monolithic", colocated=True)

@@ -1,0 +1,221 @@
+"""Paper-like workloads for the simulator on analytical GPU presets.
+
+Each scenario is a global batch of ``SampleInfo`` (synthetic modality mix, long-tailed text
+lengths), section specs sized for ``gpus`` (``dp`` proportional to each section's estimated
+work), and an ``AnalyticalCostModel`` with the sections' transformer shapes:
+
+- ``kd``: a ~33B frozen teacher and a ~7B student (top-64 logits sent per token).
+- ``mllm``: a ~630M ViT encoder (256 patches per image, projected to the LLM width) and a
+  ~7B LLM; ``text_only`` of the samples have no image.
+- ``mllm-audio``: the same plus a ~300M audio encoder; 40% text-only, 45% one image, 15% image
+  and audio.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from maestro.costmodel import (
+    AnalyticalCostModel,
+    CostModel,
+    GPUPreset,
+    SectionShape,
+    micro_batch_features,
+    preset,
+)
+from maestro.schedule.graph import check_sections
+from maestro.schedule.types import SampleInfo, SectionSpec
+
+PATCHES_PER_IMAGE = 256
+AUDIO_TOKENS = 375  # 30 s clip: 1500 encoder frames pooled 4x into LLM tokens
+LLM_HIDDEN = 4096
+TOP_K = 64
+
+#: Section shapes (parameters: vision ~0.63B, audio ~0.30B, llm/student ~6.6B, teacher ~34B).
+SHAPES: dict[str, SectionShape] = {
+    "vision": SectionShape(
+        layers=32,
+        hidden=1280,
+        ffn_hidden=5120,
+        unit="images",
+        tokens_per_unit=PATCHES_PER_IMAGE,
+        out_bytes_per_unit=PATCHES_PER_IMAGE * LLM_HIDDEN * 2,
+    ),
+    "audio": SectionShape(
+        layers=24,
+        hidden=1024,
+        ffn_hidden=4096,
+        unit="audio",
+        tokens_per_unit=1500,
+        out_bytes_per_unit=AUDIO_TOKENS * LLM_HIDDEN * 2,
+    ),
+    "llm": SectionShape(layers=32, hidden=4096, ffn_hidden=16512, vocab=32000),
+    "student": SectionShape(layers=32, hidden=4096, ffn_hidden=16512, vocab=32000),
+    "teacher": SectionShape(
+        layers=64,
+        hidden=5120,
+        ffn_hidden=41472,
+        vocab=152064,
+        out_bytes_per_unit=TOP_K * 6,  # bf16 value + int32 index per kept logit
+    ),
+}
+
+
+@dataclass
+class Scenario:
+    """A simulated workload.
+
+    Args:
+        name: scenario name.
+        samples: the global batch.
+        sections: section specs (``dp`` sums to the GPU count).
+        cost_model: the analytical cost model.
+    """
+
+    name: str
+    samples: list[SampleInfo]
+    sections: list[SectionSpec]
+    cost_model: CostModel
+
+
+def text_lengths(
+    rng: random.Random,
+    n: int,
+    median: float = 384,
+    sigma: float = 1.0,
+    lo: int = 32,
+    hi: int = 4096,
+) -> list[int]:
+    """Long-tailed (log-normal, clipped) text lengths in tokens."""
+    mu = math.log(median)
+    return [int(min(hi, max(lo, rng.lognormvariate(mu, sigma)))) for _ in range(n)]
+
+
+def mllm_samples(
+    num_samples: int, text_only: float = 0.4, audio: float = 0.0, seed: int = 0
+) -> list[SampleInfo]:
+    """An MLLM batch: ``text_only`` samples have no image, ``audio`` have an image and audio.
+
+    LLM ``tokens`` count text plus the image (256) and audio (375) tokens the LLM consumes.
+    """
+    if not 0 <= text_only <= 1 or not 0 <= audio <= 1 - text_only:
+        raise ValueError(f"need 0 <= text_only ({text_only}) and 0 <= audio <= 1 - text_only")
+    rng = random.Random(seed)
+    out = []
+    for i, t in enumerate(text_lengths(rng, num_samples)):
+        u = rng.random()
+        if u < text_only:
+            out.append(SampleInfo(i, frozenset({"llm"}), {"tokens": t}))
+        elif u < text_only + audio:
+            tok = t + PATCHES_PER_IMAGE + AUDIO_TOKENS
+            out.append(
+                SampleInfo(
+                    i,
+                    frozenset({"vision", "audio", "llm"}),
+                    {"tokens": tok, "images": 1, "audio": 1},
+                )
+            )
+        else:
+            out.append(
+                SampleInfo(
+                    i, frozenset({"vision", "llm"}), {"tokens": t + PATCHES_PER_IMAGE, "images": 1}
+                )
+            )
+    return out
+
+
+def kd_samples(num_samples: int, seed: int = 0) -> list[SampleInfo]:
+    """A KD batch: every sample runs teacher and student on the same tokens."""
+    rng = random.Random(seed)
+    return [
+        SampleInfo(i, frozenset({"teacher", "student"}), {"tokens": t})
+        for i, t in enumerate(text_lengths(rng, num_samples, median=1024, hi=8192))
+    ]
+
+
+def proportional_dp(
+    samples: Sequence[SampleInfo], sections: Sequence[SectionSpec], cost_model: CostModel, gpus: int
+) -> list[SectionSpec]:
+    """Give each section ``dp`` proportional to its estimated step work (at least 1).
+
+    Work is the forward (and, if trainable, backward) time of the section's samples cut into
+    full micro-batches in data order. Largest remainders get the leftover GPUs.
+    """
+    check_sections(sections)
+    if gpus < len(sections):
+        raise ValueError(f"need at least one GPU per section: {gpus} < {len(sections)}")
+    work = []
+    for sec in sections:
+        costs = [s.cost for s in samples if sec.name in s.sections]
+        w = 0.0
+        for k in range(0, len(costs), sec.micro_batch_size):
+            f = micro_batch_features(costs[k : k + sec.micro_batch_size])
+            w += cost_model.forward_time(sec.name, f)
+            if not sec.frozen:
+                w += cost_model.backward_time(sec.name, f)
+        work.append(w)
+    total = sum(work) or 1.0
+    spare = gpus - len(sections)
+    share = [w / total * spare for w in work]
+    dp = [1 + int(s) for s in share]
+    rest = gpus - sum(dp)
+    for k in sorted(range(len(sections)), key=lambda k: share[k] - int(share[k]), reverse=True)[
+        :rest
+    ]:
+        dp[k] += 1
+    return [replace(sec, dp=d) for sec, d in zip(sections, dp)]
+
+
+def build(
+    name: str,
+    gpus: int,
+    num_samples: int | None = None,
+    gpu: str | GPUPreset = "H100",
+    seed: int = 0,
+    text_only: float = 0.4,
+) -> Scenario:
+    """Build a named scenario for ``gpus`` GPUs.
+
+    Args:
+        name: ``kd``, ``mllm`` or ``mllm-audio``.
+        gpus: total GPUs; sections get ``dp`` proportional to their work.
+        num_samples: global batch (default 8 per GPU).
+        gpu: GPU preset name or object.
+        seed: seed of the synthetic batch.
+        text_only: text-only share of ``mllm`` (``mllm-audio`` uses 0.4).
+    """
+    g = preset(gpu) if isinstance(gpu, str) else gpu
+    n = num_samples if num_samples is not None else 8 * gpus
+    if n < 1:
+        raise ValueError(f"num_samples must be >= 1, got {n}")
+    if name == "kd":
+        samples = kd_samples(n, seed)
+        secs = [
+            SectionSpec("teacher", dp=1, micro_batch_size=8, frozen=True, token_budget=16384),
+            SectionSpec(
+                "student", inputs=("teacher",), dp=1, micro_batch_size=2, token_budget=8192
+            ),
+        ]
+    elif name in ("mllm", "mllm-audio"):
+        audio = 0.15 if name == "mllm-audio" else 0.0
+        to = 0.4 if name == "mllm-audio" else text_only
+        samples = mllm_samples(n, to, audio, seed)
+        secs = [SectionSpec("vision", dp=1, micro_batch_size=32)]
+        if audio:
+            secs.append(SectionSpec("audio", dp=1, micro_batch_size=16))
+        secs.append(
+            SectionSpec(
+                "llm",
+                inputs=tuple(s.name for s in secs),
+                dp=1,
+                micro_batch_size=4,
+                token_budget=8192,
+            )
+        )
+    else:
+        raise ValueError(f"unknown scenario {name!r}; choose kd, mllm or mllm-audio")
+    cm = AnalyticalCostModel({s.name: SHAPES[s.name] for s in secs}, gpu=g)
+    return Scenario(name, samples, proportional_dp(samples, secs, cm, gpus), cm)
