@@ -1,0 +1,223 @@
+"""One rank of a Maestro run: its section's replica executes any ``Schedule``.
+
+Per step, on every rank (deadlock-free for any schedule that assigns every activated
+(sample, section) pair to exactly one replica):
+
+1. Forwards of this replica's micro-batches in schedule order. A forward waits only for its
+   producers' outputs of its own samples; producers never wait on consumers during forwards.
+   Outputs go per sample to the consumer replica holding that sample (one message per
+   destination and micro-batch).
+2. A sink (the loss section) runs each micro-batch's backward right after its forward and sends
+   the input gradients back per sample. A frozen section runs under ``inference_mode`` and keeps
+   nothing. A trainable producer keeps its micro-batches' outputs, then, after all forwards,
+   receives their gradients and runs one backward per micro-batch (and sends its own input
+   gradients further back).
+3. Gradients are summed inside the section's DP group and the section's optimizer steps.
+
+Every per-sample loss is divided by the *global* batch's normaliser and DP reduction is a SUM,
+so the step equals a single-process step of the whole compound model up to float rounding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as dist
+
+from maestro.config import TrainConfig
+from maestro.runtime.local import batch_to, make_optimizer
+from maestro.runtime.trace import Tracer
+from maestro.runtime.wire import TAG_ACTIVATION, TAG_GRADIENT, Transport
+from maestro.schedule import get_scheduler
+from maestro.schedule.types import SampleInfo, Schedule, SectionSpec
+from maestro.sections import Outputs
+
+
+def check_schedule(
+    schedule: Schedule, samples: Sequence[SampleInfo], sections: Sequence[SectionSpec]
+) -> None:
+    """``ValueError`` unless every activated (sample, section) pair has exactly one replica."""
+    for spec in sections:
+        reps = schedule.order.get(spec.name)
+        if reps is None or len(reps) != spec.dp:
+            got = None if reps is None else len(reps)
+            raise ValueError(
+                f"schedule {schedule.name!r}: section {spec.name!r} needs {spec.dp} replica "
+                f"lists, got {got}"
+            )
+        seen = [sid for mbs in reps for mb in mbs for sid in mb.sample_ids]
+        want = {s.sample_id for s in samples if spec.name in s.sections}
+        if len(seen) != len(set(seen)) or set(seen) != want:
+            raise ValueError(
+                f"schedule {schedule.name!r}: section {spec.name!r} must process each of its "
+                f"{len(want)} activated samples exactly once"
+            )
+
+
+def flat_allreduce_grads(params: Sequence[torch.nn.Parameter], group=None) -> None:
+    """SUM-all-reduce the gradients of ``params`` as one flat buffer (missing grads count 0)."""
+    if not params:
+        return
+    flat = torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+    )
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.grad = flat[off : off + n].view_as(p).clone()
+        off += n
+
+
+def _grads_of(received: Outputs) -> Outputs:
+    """Gradients of the received tensors that took part in autograd (zeros when unused)."""
+    return {
+        k: (t.grad if t.grad is not None else torch.zeros_like(t))
+        for k, t in received.items()
+        if t.requires_grad
+    }
+
+
+class MaestroWorker:
+    """The replica of one section on this rank.
+
+    Args:
+        config: the validated run config (``sum(dp)`` must equal ``world``).
+        rank: this process's global rank; ranks are given to sections in contiguous blocks
+            (``config.rank_layout()``).
+        world: world size.
+        device: device of this rank.
+        tracer: records compute and transfer events.
+    """
+
+    def __init__(
+        self, config: TrainConfig, rank: int, world: int, device: torch.device, tracer: Tracer
+    ) -> None:
+        from maestro.workloads import get_workload
+
+        config.check_world_size(world)
+        self.config, self.rank, self.device, self.tracer = config, rank, device, tracer
+        self.layout = config.rank_layout()
+        self.specs = config.section_specs()
+        self.name = next(n for n, rs in self.layout.items() if rank in rs)
+        self.replica = self.layout[self.name].index(rank)
+        self.workload = get_workload(config)
+        self.graph = self.workload.graph(build=[self.name])
+        self.section = self.graph[self.name]
+        self.section.module.to(device)
+        self.group = None
+        for spec in self.specs:  # every rank creates every group, in the same order
+            if spec.dp > 1:
+                g = dist.new_group(self.layout[spec.name])
+                if spec.name == self.name:
+                    self.group = g
+        self.trainable = not self.section.frozen
+        self.params = [p for p in self.section.module.parameters() if p.requires_grad]
+        self.optimizer = (
+            make_optimizer(config.sections[self.name], self.params) if self.trainable else None
+        )
+        self.scheduler = get_scheduler(config.scheduler)
+        self.transport = Transport(device)
+        self.label = f"{self.name}[{self.replica}]"
+
+    def _rank_of(self, section: str, schedule: Schedule, sample_id: int) -> int:
+        return self.layout[section][schedule.replica_of(section, sample_id)]
+
+    def step(self, step: int) -> float:
+        """Run one training step; returns this rank's share of the (normalised) loss."""
+        batch = batch_to(self.workload.batch(step), self.device)
+        infos = self.workload.sample_infos(batch, self.graph)
+        schedule = self.scheduler(infos, self.specs)
+        check_schedule(schedule, infos, self.specs)
+        norm = self.workload.normaliser(batch)
+        active = {i.sample_id: i.sections for i in infos}
+        sec, graph, tr = self.section, self.graph, self.tracer
+        sink = graph.is_sink(self.name)
+        consumers = graph.consumers(self.name)
+        grad_from = [c for c in consumers if not graph[c].frozen]
+        if self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+        kept = []
+        loss_total = 0.0
+        for k, mb in enumerate(schedule.order[self.name][self.replica]):
+            ids = mb.sample_ids
+            ins: dict[str, list[Outputs | None]] = {}
+            received: list[tuple[str, int, Outputs]] = []  # inputs that need gradients back
+            for p in sec.inputs:
+                needs_grad = self.trainable and not graph[p].frozen
+                col: list[Outputs | None] = []
+                for sid in ids:
+                    if p not in active[sid]:
+                        col.append(None)
+                        continue
+                    with tr.span(f"recv {p}", "wait", mb=k):
+                        got = self.transport.get(
+                            self._rank_of(p, schedule, sid), TAG_ACTIVATION, sid
+                        )
+                    if needs_grad:
+                        for t in got.values():
+                            if t.is_floating_point():
+                                t.requires_grad_(True)
+                        received.append((p, sid, got))
+                    col.append(got)
+                ins[p] = col
+            with tr.span(f"{self.name} fwd", "forward", mb=k, samples=len(ids)):
+                with torch.inference_mode() if sec.frozen else nullcontext():
+                    outs = sec.run([batch[i] for i in ids], ins)
+            with tr.span("send", "send", mb=k):
+                for c in consumers:
+                    by_dst: dict[int, list[tuple[int, Outputs]]] = {}
+                    for sid, o in zip(ids, outs):
+                        if c in active[sid]:
+                            dst = self._rank_of(c, schedule, sid)
+                            by_dst.setdefault(dst, []).append((sid, o))
+                    for dst, items in by_dst.items():
+                        self.transport.send(dst, TAG_ACTIVATION, items)
+            if sink:
+                with tr.span(f"{self.name} bwd", "backward", mb=k):
+                    loss = torch.stack([o["loss"] for o in outs]).sum() / norm
+                    loss.backward()
+                loss_total += loss.item()
+                self._send_input_grads(received, schedule)
+            elif self.trainable:
+                kept.append((k, ids, outs, received))
+        for k, ids, outs, received in kept:
+            tensors, grads = [], []
+            for sid, o in zip(ids, outs):
+                for c in grad_from:
+                    if c in active[sid]:
+                        with tr.span(f"recv grad {c}", "wait", mb=k):
+                            g = self.transport.get(
+                                self._rank_of(c, schedule, sid), TAG_GRADIENT, sid
+                            )
+                        for key, gt in g.items():
+                            tensors.append(o[key])
+                            grads.append(gt)
+            with tr.span(f"{self.name} bwd", "backward", mb=k):
+                if tensors:
+                    torch.autograd.backward(tensors, grads)
+            self._send_input_grads(received, schedule)
+        with tr.span("flush sends", "wait"):
+            self.transport.flush()
+        assert not any(self.transport.inbox.values()), "unconsumed messages at end of step"
+        if self.optimizer is not None:
+            if self.group is not None:
+                with tr.span("all-reduce grads", "comm"):
+                    flat_allreduce_grads(self.params, self.group)
+            with tr.span("optimizer", "optimizer"):
+                self.optimizer.step()
+        return loss_total
+
+    def _send_input_grads(self, received: list[tuple[str, int, Outputs]], schedule) -> None:
+        by_dst: dict[int, list[tuple[int, Outputs]]] = {}
+        for p, sid, got in received:
+            by_dst.setdefault(self._rank_of(p, schedule, sid), []).append((sid, _grads_of(got)))
+        with self.tracer.span("send grads", "send"):
+            for dst, items in by_dst.items():
+                self.transport.send(dst, TAG_GRADIENT, items)
+
+    def state_dicts(self) -> dict[str, dict]:
+        """``{section: state_dict}`` this rank is responsible for saving (replica 0 only)."""
+        return {self.name: self.section.module.state_dict()} if self.replica == 0 else {}

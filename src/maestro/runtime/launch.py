@@ -1,0 +1,219 @@
+"""Process launch (local spawn or torchrun's environment) and the per-rank training loop.
+
+``launch(config, nproc)`` spawns ``nproc`` local ranks on 127.0.0.1 and a free port, each
+running ``worker_main``; under ``torchrun`` the ranks call ``worker_main`` directly with the
+environment torchrun set (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR/PORT``).
+Rank 0 returns (and writes, when asked) a result dict: losses, samples/s, busy fractions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from maestro.config import TrainConfig, from_dict
+
+
+@dataclass
+class RunOptions:
+    """How to run (not what to train).
+
+    Args:
+        monolithic: run the DDP-style baseline instead of Maestro's sections.
+        trace: path of a Chrome trace to write (rank 0), or ``None``.
+        save_dir: directory where each section's final weights are saved as ``NAME.pt``.
+        result: path where rank 0 writes the result dict as JSON.
+        progress: show a progress bar on rank 0.
+        device: ``"auto"`` (CUDA when present, NCCL), ``"cpu"`` (gloo) or ``"cuda"``.
+        timeout_s: collective/point-to-point timeout.
+    """
+
+    monolithic: bool = False
+    trace: str | None = None
+    save_dir: str | None = None
+    result: str | None = None
+    progress: bool = True
+    device: str = "auto"
+    timeout_s: float = 300.0
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _device(opts: RunOptions, local_rank: int) -> torch.device:
+    use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def worker_main(config: TrainConfig, opts: RunOptions) -> dict | None:
+    """Train on this rank (environment as set by torchrun or ``launch``); rank 0 returns results."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = _device(opts, int(os.environ.get("LOCAL_RANK", 0)))
+    torch.set_num_threads(config.threads)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=opts.timeout_s),
+    )
+    try:
+        return _train(config, opts, rank, world, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(config, opts, rank, world, device) -> dict | None:
+    from maestro.runtime.executor import MaestroWorker
+    from maestro.runtime.monolithic import MonolithicWorker
+    from maestro.runtime.trace import Tracer, write_chrome_trace
+
+    tracer = Tracer(rank, "", keep_events=opts.trace is not None)
+    cls = MonolithicWorker if opts.monolithic else MaestroWorker
+    worker = cls(config, rank, world, device, tracer)
+    tracer.label = worker.label
+    labels = [None] * world
+    dist.all_gather_object(labels, worker.label)
+    sections = [lab.split("[")[0] for lab in labels]
+    bar = None
+    if rank == 0 and opts.progress:
+        from tqdm import tqdm
+
+        mode = "monolithic" if opts.monolithic else "maestro"
+        bar = tqdm(total=config.steps, desc=f"{mode} {config.workload}", unit="step")
+    losses: list[float] = []
+    # step 0 warms up (allocations, first messages): measure from its end when steps > 1
+    warm = 1 if config.steps > 1 else 0
+    t_start, busy0 = time.time(), 0.0
+    busy_sum = torch.zeros(world, dtype=torch.float64)
+    for step in range(config.steps):
+        loss = worker.step(step)
+        stats = torch.zeros(world + 1, dtype=torch.float64, device=device)
+        stats[0] = loss
+        stats[1 + rank] = tracer.busy - busy0
+        dist.all_reduce(stats)
+        losses.append(float(stats[0]))
+        if step + 1 == warm:
+            t_start, busy0 = time.time(), tracer.busy
+        else:
+            busy_sum = stats[1:].cpu()
+            if bar is not None:
+                elapsed = time.time() - t_start
+                busy = _per_section(sections, busy_sum / max(elapsed, 1e-9))
+                rate = (step + 1 - warm) * config.global_batch / elapsed
+                bar.set_postfix_str(
+                    f"loss={losses[-1]:.4f} samples/s={rate:.1f} "
+                    + " ".join(f"{n}={b:.0%}" for n, b in busy.items())
+                )
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    elapsed = time.time() - t_start
+    measured_steps = config.steps - warm
+    busy_frac = _per_section(sections, busy_sum / max(elapsed, 1e-9))
+
+    if opts.trace is not None:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, (rank, worker.label, tracer.events))
+        if rank == 0:
+            write_chrome_trace(opts.trace, gathered)
+    if opts.save_dir is not None:
+        Path(opts.save_dir).mkdir(parents=True, exist_ok=True)
+        for name, sd in worker.state_dicts().items():
+            torch.save({k: v.cpu() for k, v in sd.items()}, Path(opts.save_dir) / f"{name}.pt")
+    dist.barrier()
+    if rank != 0:
+        return None
+    result = {
+        "mode": "monolithic" if opts.monolithic else "maestro",
+        "workload": config.workload,
+        "world_size": world,
+        "losses": losses,
+        "elapsed_s": elapsed,
+        "measured_steps": measured_steps,
+        "samples_per_s": measured_steps * config.global_batch / elapsed,
+        "busy": busy_frac,
+        "layout": {"model": {"dp": world, "micro_batch_size": config.monolithic_micro_batch_size}}
+        if opts.monolithic
+        else {
+            n: {"dp": sc.dp, "micro_batch_size": sc.micro_batch_size, "frozen": sc.frozen}
+            for n, sc in config.sections.items()
+        },
+    }
+    if opts.result is not None:
+        Path(opts.result).write_text(json.dumps(result))
+    return result
+
+
+def _per_section(sections: list[str], per_rank: torch.Tensor) -> dict[str, float]:
+    """Mean busy fraction over each section's replicas."""
+    out: dict[str, list[float]] = {}
+    for name, v in zip(sections, per_rank.tolist()):
+        out.setdefault(name, []).append(v)
+    return {n: sum(v) / len(v) for n, v in out.items()}
+
+
+def _spawn_entry(local_rank: int, world: int, port: int, cfg: dict, opts: RunOptions) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(local_rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(local_rank),
+    )
+    worker_main(from_dict(cfg), opts)
+
+
+def launch(
+    config: TrainConfig,
+    nproc: int | None = None,
+    opts: RunOptions | None = None,
+    timeout_s: float = 900.0,
+) -> dict:
+    """Spawn ``nproc`` local ranks (default: ``sum(dp)``), train, and return rank 0's result.
+
+    ``ValueError`` when a Maestro run's ``sum(dp)`` differs from ``nproc``; ``TimeoutError``
+    (after terminating the ranks) when the run exceeds ``timeout_s``.
+    """
+    import torch.multiprocessing as mp
+
+    opts = opts or RunOptions()
+    nproc = config.world_size if nproc is None else nproc
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    if not opts.monolithic:
+        config.check_world_size(nproc)
+    with tempfile.TemporaryDirectory() as tmp:
+        result_path = opts.result or str(Path(tmp) / "result.json")
+        run_opts = RunOptions(**{**opts.__dict__, "result": result_path})
+        ctx = mp.start_processes(
+            _spawn_entry,
+            args=(nproc, free_port(), config.to_dict(), run_opts),
+            nprocs=nproc,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.time() + timeout_s
+        while not ctx.join(timeout=1.0):
+            if time.time() > deadline:
+                for p in ctx.processes:
+                    if p.is_alive():
+                        p.terminate()
+                raise TimeoutError(f"training did not finish within {timeout_s:.0f} s")
+        return json.loads(Path(result_path).read_text())

@@ -1,0 +1,134 @@
+"""Point-to-point transfers of per-sample tensors: one coalesced message per destination.
+
+What one producer replica sends one consumer replica for a micro-batch travels as three
+messages on the same (source, tag) stream: a 2-int64 size prefix, a header (sample ids, keys,
+dtypes, shapes) and one flat byte buffer holding every tensor back to back. Variable-length
+samples need no padding on the wire. Gradients travel back with the same format.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from maestro.sections import Outputs
+
+DTYPES = [torch.float32, torch.float64, torch.int64, torch.float16, torch.bfloat16, torch.int32]
+_CODE = {dt: i for i, dt in enumerate(DTYPES)}
+#: tensors start at multiples of this many bytes so they can be viewed in place
+ALIGN = 8
+
+TAG_ACTIVATION = 1
+TAG_GRADIENT = 2
+
+
+def pack(
+    items: Sequence[tuple[int, Outputs]], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encode ``[(sample_id, {key: tensor})]`` as ``(header int64, payload uint8)``."""
+    head: list[int] = [len(items)]
+    chunks: list[torch.Tensor] = []
+    offset = 0
+    for sid, outs in items:
+        head += [sid, len(outs)]
+        for key in sorted(outs):
+            t = outs[key].detach()
+            kb = key.encode()
+            head += [len(kb), *kb, _CODE[t.dtype], t.dim(), *t.shape]
+            raw = t.contiguous().reshape(-1).view(torch.uint8)
+            pad = -raw.numel() % ALIGN
+            chunks.append(raw)
+            if pad:
+                chunks.append(raw.new_zeros(pad))
+            offset += raw.numel() + pad
+    header = torch.tensor(head, dtype=torch.int64, device=device)
+    payload = torch.cat(chunks).to(device) if chunks else torch.empty(0, dtype=torch.uint8)
+    return header, payload.to(device)
+
+
+def unpack(header: torch.Tensor, payload: torch.Tensor) -> list[tuple[int, Outputs]]:
+    """Inverse of ``pack``; every tensor is a fresh copy (safe to mark ``requires_grad``)."""
+    h = header.tolist()
+    pos, off = 1, 0
+    out: list[tuple[int, Outputs]] = []
+    for _ in range(h[0]):
+        sid, nkeys = h[pos], h[pos + 1]
+        pos += 2
+        d: Outputs = {}
+        for _ in range(nkeys):
+            klen = h[pos]
+            key = bytes(h[pos + 1 : pos + 1 + klen]).decode()
+            pos += 1 + klen
+            dtype, ndim = DTYPES[h[pos]], h[pos + 1]
+            shape = h[pos + 2 : pos + 2 + ndim]
+            pos += 2 + ndim
+            numel = 1
+            for s in shape:
+                numel *= s
+            nbytes = numel * torch.empty((), dtype=dtype).element_size()
+            d[key] = payload[off : off + nbytes].view(dtype).reshape(shape).clone()
+            off += nbytes + (-nbytes % ALIGN)
+        out.append((sid, d))
+    assert off == payload.numel(), "payload size does not match its header"
+    return out
+
+
+class Transport:
+    """Sends coalesced messages and receives them in per-source order, buffering by sample.
+
+    Receiving is demand-driven: ``get(src, tag, sample_id)`` reads messages from ``src`` (in the
+    order that rank sent them) until ``sample_id`` has arrived, keeping the others for later.
+    Sends are asynchronous (``isend``); ``flush()`` waits for all of them.
+
+    Args:
+        device: where message tensors live (CPU for gloo, the rank's GPU for NCCL).
+        on_wait: optional ``callback(seconds, src, nbytes)`` for the trace.
+    """
+
+    def __init__(self, device: torch.device, on_wait=None) -> None:
+        self.device = device
+        self.pending: deque = deque()
+        self.inbox: dict[tuple[int, int], dict[int, Outputs]] = {}
+        self.on_wait = on_wait
+        self.bytes_sent = 0
+
+    def send(self, dst: int, tag: int, items: Sequence[tuple[int, Outputs]]) -> None:
+        """Asynchronously send ``[(sample_id, outputs)]`` to rank ``dst`` as one message."""
+        header, payload = pack(items, self.device)
+        size = torch.tensor(
+            [header.numel(), payload.numel()], dtype=torch.int64, device=self.device
+        )
+        for t in (size, header, payload):
+            if t.numel():
+                self.pending.append((dist.isend(t, dst, tag=tag), t))
+        self.bytes_sent += payload.numel()
+
+    def _recv_message(self, src: int, tag: int) -> None:
+        size = torch.empty(2, dtype=torch.int64, device=self.device)
+        dist.recv(size, src, tag=tag)
+        nh, npay = size.tolist()
+        header = torch.empty(nh, dtype=torch.int64, device=self.device)
+        dist.recv(header, src, tag=tag)
+        payload = torch.empty(npay, dtype=torch.uint8, device=self.device)
+        if npay:
+            dist.recv(payload, src, tag=tag)
+        box = self.inbox.setdefault((src, tag), {})
+        for sid, outs in unpack(header, payload):
+            assert sid not in box, f"sample {sid} received twice from rank {src}"
+            box[sid] = outs
+
+    def get(self, src: int, tag: int, sample_id: int) -> Outputs:
+        """The outputs of ``sample_id`` sent by ``src`` with ``tag`` (blocks until they arrive)."""
+        box = self.inbox.setdefault((src, tag), {})
+        while sample_id not in box:
+            self._recv_message(src, tag)
+        return box.pop(sample_id)
+
+    def flush(self) -> None:
+        """Wait until every send has completed."""
+        while self.pending:
+            work, _ = self.pending.popleft()
+            work.wait()
