@@ -1,0 +1,216 @@
+"""Numba kernels of the CPU sampler: k-hop uniform sampling without replacement, dedup, relabel.
+
+One call samples every hop of a batch so a single seed pays one dispatch. Kernels are compiled
+with ``nogil=True`` (serving threads sample concurrently) and ``cache=True`` (compiled once per
+machine). Rows are sampled in parallel with ``prange`` when a hop has many targets; the
+dedup/relabel pass is sequential and uses a node-indexed marker array instead of hashing or
+sorting.
+
+Randomness: row ``i`` of hop ``h`` of call ``c`` draws from a splitmix64 stream keyed by
+``(seed, c, h, i)``, so a result depends on the seed and call number only, never on the thread
+count or on how rows are split among threads.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import prange
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_S30 = np.uint64(30)
+_S27 = np.uint64(27)
+_S31 = np.uint64(31)
+_S32 = np.uint64(32)
+
+_JIT = dict(nogil=True, cache=True)
+
+
+@numba.njit(inline="always", **_JIT)
+def _mix(z):
+    z = (z ^ (z >> _S30)) * _M1
+    z = (z ^ (z >> _S27)) * _M2
+    return z ^ (z >> _S31)
+
+
+@numba.njit(**_JIT)
+def stream_key(seed, call, hop):
+    """Key of the random stream of one hop of one call (uint64)."""
+    k = _mix(np.uint64(seed) + _GOLDEN)
+    k = _mix(k ^ (np.uint64(call) * _M1))
+    return _mix(k ^ (np.uint64(hop) * _M2))
+
+
+@numba.njit(inline="always", **_JIT)
+def _below(state, bound):
+    """Advance ``state``; return (state, uniform int in [0, bound)) for bound < 2**32."""
+    state = state + _GOLDEN
+    r = ((_mix(state) >> _S32) * np.uint64(bound)) >> _S32
+    return state, np.int64(r)
+
+
+@numba.njit(inline="always", **_JIT)
+def _sample_row(indptr, indices, eid, has_eid, t, k, key, i, cols, eids, o):
+    """Write ``min(deg(t), k)`` distinct uniform in-neighbours of ``t`` to ``cols[o:]``.
+
+    Floyd's algorithm picks ``k`` distinct positions of the row in ``k`` draws; the
+    membership scan is over at most ``k`` entries, cheap for GNN fanouts.
+    """
+    start = indptr[t]
+    deg = indptr[t + 1] - start
+    if k < 0 or deg <= k:
+        for j in range(deg):
+            cols[o + j] = indices[start + j]
+            eids[o + j] = eid[start + j] if has_eid else start + j
+        return
+    state = _mix(key ^ (np.uint64(i) * _GOLDEN))
+    # Floyd: positions are stored in eids[o:o+k] first, then mapped to ids
+    for m in range(k):
+        j = deg - k + m
+        state, r = _below(state, j + 1)
+        for q in range(m):
+            if eids[o + q] == r:
+                r = j
+                break
+        eids[o + m] = r
+    for m in range(k):
+        p = start + eids[o + m]
+        cols[o + m] = indices[p]
+        eids[o + m] = eid[p] if has_eid else p
+
+
+@numba.njit(parallel=True, **_JIT)
+def _fill_parallel(indptr, indices, eid, has_eid, targets, num_targets, k, key, offs, cols, eids):
+    for i in prange(num_targets):
+        _sample_row(indptr, indices, eid, has_eid, targets[i], k, key, i, cols, eids, offs[i])
+
+
+@numba.njit(**_JIT)
+def _fill_serial(indptr, indices, eid, has_eid, targets, num_targets, k, key, offs, cols, eids):
+    for i in range(num_targets):
+        _sample_row(indptr, indices, eid, has_eid, targets[i], k, key, i, cols, eids, offs[i])
+
+
+@numba.njit(**_JIT)
+def _grow(a, need):
+    if need <= a.shape[0]:
+        return a
+    b = np.empty(max(need, 2 * a.shape[0]), dtype=a.dtype)
+    b[: a.shape[0]] = a
+    return b
+
+
+@numba.njit(**_JIT)
+def sample_khop(indptr, indices, eid, seeds, fanouts, seed, call, marker, parallel_min, frontier):
+    """Sample ``len(fanouts)`` hops from ``seeds``.
+
+    Hop ``h`` samples up to ``fanouts[h]`` in-neighbours (``k < 0`` takes all) of its targets:
+    with ``frontier=False`` (PyG's legacy ``NeighborSampler``) every node gathered so far, the
+    first ``num_nodes[h]`` entries of ``n_id``; with ``frontier=True`` (PyG's
+    ``NeighborLoader``) only the nodes the previous hop added. ``n_id`` starts with the seeds
+    and grows hop by hop.
+
+    Args:
+        indptr, indices: int64 CSR of in-neighbours.
+        eid: int64 edge ids (length E) or an empty array to use CSR positions.
+        seeds: int64 seed ids, distinct, validated by the caller.
+        fanouts: int64 per-hop fanouts, innermost (seeds) first.
+        seed, call: key of the random streams.
+        marker: int64 work array of length N, all -1 on entry and on return.
+        parallel_min: hops with at least this many targets sample rows in parallel.
+        frontier: sample only the previous hop's new nodes (see above).
+
+    Returns:
+        n_id [M], num_nodes [L+1] (n_id count before hop 0 and after each hop),
+        edge_ptr [L+1] (edge offsets of each hop in the flat arrays), src_local [E'],
+        dst_local [E'], e_id [E']. If ``seeds`` holds a duplicate, ``num_nodes[0]`` is -1
+        and the other outputs are empty.
+    """
+    has_eid = eid.shape[0] > 0
+    num_hops = fanouts.shape[0]
+    n_seeds = seeds.shape[0]
+    n_id = np.empty(max(16, n_seeds * 4), dtype=np.int64)
+    num_nodes = np.empty(num_hops + 1, dtype=np.int64)
+    edge_ptr = np.zeros(num_hops + 1, dtype=np.int64)
+    empty = np.empty(0, dtype=np.int64)
+    for i in range(n_seeds):
+        s = seeds[i]
+        if marker[s] >= 0:
+            for q in range(i):
+                marker[seeds[q]] = -1
+            num_nodes[0] = -1
+            return empty, num_nodes, edge_ptr, empty, empty, empty
+        n_id[i] = s
+        marker[s] = i
+    n = n_seeds
+    num_nodes[0] = n
+    src_out = np.empty(max(16, n_seeds * 8), dtype=np.int64)
+    dst_out = np.empty_like(src_out)
+    eid_out = np.empty_like(src_out)
+    ne = 0
+    for h in range(num_hops):
+        k = fanouts[h]
+        first = num_nodes[h - 1] if (frontier and h > 0) else 0
+        targets = n_id[first:n]
+        num_targets = n - first
+        offs = np.empty(num_targets + 1, dtype=np.int64)
+        offs[0] = 0
+        for i in range(num_targets):
+            t = targets[i]
+            d = indptr[t + 1] - indptr[t]
+            offs[i + 1] = offs[i] + (d if (k < 0 or d <= k) else k)
+        m = offs[num_targets]
+        cols = np.empty(m, dtype=np.int64)
+        eids = np.empty(m, dtype=np.int64)
+        key = stream_key(seed, call, h)
+        args = (targets, num_targets, k, key, offs, cols, eids)
+        if num_targets >= parallel_min:
+            _fill_parallel(indptr, indices, eid, has_eid, *args)
+        else:
+            _fill_serial(indptr, indices, eid, has_eid, *args)
+        src_out = _grow(src_out, ne + m)
+        dst_out = _grow(dst_out, ne + m)
+        eid_out = _grow(eid_out, ne + m)
+        n_id = _grow(n_id, n + m)
+        # sequential dedup + relabel: first occurrence gets the next local id
+        for i in range(num_targets):
+            for j in range(offs[i], offs[i + 1]):
+                g = cols[j]
+                loc = marker[g]
+                if loc < 0:
+                    loc = n
+                    marker[g] = n
+                    n_id[n] = g
+                    n += 1
+                src_out[ne] = loc
+                dst_out[ne] = first + i
+                eid_out[ne] = eids[j]
+                ne += 1
+        num_nodes[h + 1] = n
+        edge_ptr[h + 1] = ne
+    for i in range(n):
+        marker[n_id[i]] = -1
+    return n_id[:n], num_nodes, edge_ptr, src_out[:ne], dst_out[:ne], eid_out[:ne]
+
+
+@numba.njit(**_JIT)
+def sample_one_hop(indptr, indices, eid, nodes, k, seed, call):
+    """Sample up to ``k`` in-neighbours of each of ``nodes`` (global ids, no relabel).
+
+    Returns ``(counts [len(nodes)], neighbours [sum counts], e_id [sum counts])``.
+    """
+    has_eid = eid.shape[0] > 0
+    num_targets = nodes.shape[0]
+    offs = np.empty(num_targets + 1, dtype=np.int64)
+    offs[0] = 0
+    for i in range(num_targets):
+        t = nodes[i]
+        d = indptr[t + 1] - indptr[t]
+        offs[i + 1] = offs[i] + (d if (k < 0 or d <= k) else k)
+    cols = np.empty(offs[num_targets], dtype=np.int64)
+    eids = np.empty(offs[num_targets], dtype=np.int64)
+    key = stream_key(seed, call, 0)
+    _fill_parallel(indptr, indices, eid, has_eid, nodes, num_targets, k, key, offs, cols, eids)
+    return offs[1:] - offs[:-1], cols, eids

@@ -1,0 +1,151 @@
+"""Sampler interface: validate seeds in one place, let subclasses do the sampling.
+
+A sampler returns indices only (sampled node ids, relabelled edges, edge ids); features are
+gathered in a separate stage, as in PyG's ``sampler``/``loader`` split.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+__all__ = ["Adj", "BaseSampler", "SampledSubgraph", "check_fanouts", "check_seeds"]
+
+
+class Adj(NamedTuple):
+    """One hop's bipartite graph, as PyG's legacy ``NeighborSampler`` yields it.
+
+    Attributes:
+        edge_index: ``[2, E_h]`` int64 local ids, row 0 source (index into ``n_id``), row 1
+            target (index into the first ``size[1]`` entries of ``n_id``).
+        e_id: ``[E_h]`` int64 ids of the sampled edges in the original graph.
+        size: ``(num_source_nodes, num_target_nodes)``.
+    """
+
+    edge_index: torch.Tensor
+    e_id: torch.Tensor
+    size: tuple[int, int]
+
+    def to(self, *args, **kwargs) -> Adj:
+        """Move ``edge_index`` and ``e_id`` (``Tensor.to`` arguments)."""
+        return Adj(self.edge_index.to(*args, **kwargs), self.e_id.to(*args, **kwargs), self.size)
+
+
+@dataclass
+class SampledSubgraph:
+    """Everything one k-hop sample produced, flat, hop by hop (innermost hop first).
+
+    Attributes:
+        n_id: ``[M]`` int64 global ids of the sampled nodes, seeds first, unique.
+        batch_size: number of seeds.
+        num_nodes: ``L + 1`` counts: ``len(n_id)`` before hop 0 (= batch_size) and after each hop.
+        edge_ptr: ``L + 1`` offsets of each hop's edges in ``src``/``dst``/``e_id``.
+        src: ``[S]`` int64 local source ids (in-neighbours).
+        dst: ``[S]`` int64 local target ids.
+        e_id: ``[S]`` int64 edge ids (original edge order when the topology has ``eid``, else
+            CSR positions).
+    """
+
+    n_id: torch.Tensor
+    batch_size: int
+    num_nodes: list[int]
+    edge_ptr: list[int]
+    src: torch.Tensor
+    dst: torch.Tensor
+    e_id: torch.Tensor
+
+    @property
+    def num_hops(self) -> int:
+        return len(self.num_nodes) - 1
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.edge_ptr[-1])
+
+    def hop(self, h: int) -> Adj:
+        """The ``Adj`` of hop ``h`` (0 = the hop whose targets are the seeds)."""
+        a, b = self.edge_ptr[h], self.edge_ptr[h + 1]
+        edge_index = torch.stack([self.src[a:b], self.dst[a:b]])
+        return Adj(edge_index, self.e_id[a:b], (self.num_nodes[h + 1], self.num_nodes[h]))
+
+    def adjs(self) -> list[Adj]:
+        """Hops ordered from the outermost to the seeds, as PyG's ``NeighborSampler`` returns."""
+        return [self.hop(h) for h in reversed(range(self.num_hops))]
+
+
+def check_seeds(seeds, node_count: int) -> torch.Tensor:
+    """Return ``seeds`` as a 1-D int64 tensor, raising ``ValueError`` naming any problem.
+
+    Accepts a tensor, a numpy array or a list of ints. Checks dtype (integer), shape (1-D) and
+    range (``0 <= id < node_count``). Duplicates are reported by the samplers.
+    """
+    if isinstance(seeds, torch.Tensor):
+        if seeds.dtype.is_floating_point or seeds.dtype.is_complex or seeds.dtype == torch.bool:
+            raise ValueError(f"seeds must be an integer tensor, got dtype {seeds.dtype}")
+        t = seeds
+    else:
+        a = np.asarray(seeds)
+        if a.size == 0 and a.ndim == 1:
+            a = a.astype(np.int64)
+        if not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"seeds must be integers, got dtype {a.dtype}")
+        t = torch.from_numpy(a.astype(np.int64, copy=False))
+    if t.dim() != 1:
+        raise ValueError(f"seeds must be a 1-D tensor of node ids, got shape {list(t.shape)}")
+    t = t.to(torch.int64)
+    if t.numel():
+        lo, hi = int(t.min()), int(t.max())
+        if lo < 0:
+            raise ValueError(f"seeds hold a negative node id ({lo})")
+        if hi >= node_count:
+            raise ValueError(f"seeds hold node id {hi} >= node_count ({node_count})")
+    return t
+
+
+def check_fanouts(sizes) -> list[int]:
+    """Validate per-hop fanouts (innermost first); ``-1`` means all neighbours."""
+    if isinstance(sizes, (str, bytes)):
+        raise ValueError(f"sizes must be a list of ints, got {sizes!r}")
+    try:
+        out = [int(k) for k in sizes]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"sizes must be a list of ints, got {sizes!r}") from e
+    if not out:
+        raise ValueError("sizes must name at least one hop, e.g. [15, 10, 5]")
+    if any(k != int(s) for k, s in zip(out, sizes)):
+        raise ValueError(f"sizes must be integers, got {list(sizes)!r}")
+    if any(k < -1 or k == 0 for k in out):
+        raise ValueError(f"each fanout must be positive or -1 (all neighbours), got {out}")
+    return out
+
+
+class BaseSampler(ABC):
+    """k-hop neighbour sampler over a ``CSRTopo``.
+
+    Subclasses implement :meth:`_sample`; :meth:`sample_subgraph` validates the seeds first.
+
+    Args:
+        node_count: number of nodes of the graph (seed range).
+        sizes: per-hop fanouts, innermost (the seeds' hop) first; ``-1`` takes all neighbours.
+    """
+
+    def __init__(self, node_count: int, sizes):
+        self.node_count = int(node_count)
+        self.sizes = check_fanouts(sizes)
+
+    def sample_subgraph(self, seeds) -> SampledSubgraph:
+        """Sample the k-hop neighbourhood of ``seeds`` (distinct node ids)."""
+        return self._sample(check_seeds(seeds, self.node_count))
+
+    def sample(self, seeds) -> tuple[torch.Tensor, int, list[Adj]]:
+        """``(n_id, batch_size, adjs)`` in the format of PyG's legacy ``NeighborSampler``."""
+        out = self.sample_subgraph(seeds)
+        return out.n_id, out.batch_size, out.adjs()
+
+    @abstractmethod
+    def _sample(self, seeds: torch.Tensor) -> SampledSubgraph:
+        """Sample from validated 1-D int64 ``seeds``."""
