@@ -6,10 +6,10 @@ The public API keeps torch-quiver's core names (``CSRTopo``, ``quiver.pyg.GraphS
 
 from quiver._version import __version__
 
-__all__ = ["__version__", "CSRTopo"]
+__all__ = ["__version__", "CSRTopo", "Feature"]
 
 # name -> module that defines it; imported on first attribute access so `import quiver` stays cheap
-_LAZY = {"CSRTopo": "quiver.graph"}
+_LAZY = {"CSRTopo": "quiver.graph", "Feature": "quiver.feature"}
 
 
 def __getattr__(name):

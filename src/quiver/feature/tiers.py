@@ -1,0 +1,148 @@
+"""Feature tiers: each holds one contiguous block ``[start, stop)`` of the hot order.
+
+A tier copies the rows at local positions ``local`` (``pos - start``) into ``out[sel]``.
+All tiers are device-agnostic torch/numpy; the "devices" may be CPUs in tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from quiver.feature.gather import RowGather, as_words
+
+__all__ = ["Tier", "ReplicatedTier", "CliqueTier", "HostTier", "DiskTier"]
+
+
+class Tier:
+    """A block of hot-ordered rows in one kind of memory.
+
+    Args:
+        name: stats key (``device``, ``clique``, ``host``, ``disk``).
+        start: first position (in the hot order) held by this tier.
+        stop: one past the last position.
+    """
+
+    def __init__(self, name: str, start: int, stop: int):
+        assert 0 <= start <= stop
+        self.name, self.start, self.stop = name, start, stop
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+    def read_into(self, local: torch.Tensor, out: torch.Tensor, sel: torch.Tensor) -> None:
+        """``out[sel] = rows[local]``; ``local`` and ``sel`` are int64 of equal length."""
+        raise NotImplementedError
+
+    def nbytes(self) -> int:
+        """Bytes this tier holds (all copies)."""
+        raise NotImplementedError
+
+
+class ReplicatedTier(Tier):
+    """(a) The same rows on every device; a read uses the copy on the output's device.
+
+    Args:
+        replicas: ``{device: [rows, dim] tensor}``.
+    """
+
+    def __init__(self, start: int, stop: int, replicas: dict[torch.device, torch.Tensor]):
+        super().__init__("device", start, stop)
+        self.replicas = replicas
+
+    def read_into(self, local, out, sel):
+        src = self.replicas[out.device]
+        out.index_copy_(0, sel.to(out.device), src.index_select(0, local.to(src.device)))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.replicas.values())
+
+
+class CliqueTier(Tier):
+    """(b) Rows split across the devices of one peer-access (NVLink) clique; every member
+    reads every shard directly (peer-to-peer), so the clique caches ``members x`` the rows a
+    single device could.
+
+    Args:
+        shards: ``[(device, lo, hi, tensor)]``: positions ``[lo, hi)`` of the block (local)
+            live on ``device``.
+    """
+
+    def __init__(self, start: int, stop: int, shards: list[tuple[torch.device, int, int, object]]):
+        super().__init__("clique", start, stop)
+        self.shards = shards
+
+    def read_into(self, local, out, sel):
+        for _, lo, hi, t in self.shards:
+            m = (local >= lo) & (local < hi)
+            if not bool(m.any()):
+                continue
+            rows = t.index_select(0, (local[m] - lo).to(t.device))
+            # a peer read: on CUDA this copies over NVLink into the output's device
+            out.index_copy_(0, sel[m].to(out.device), rows.to(out.device, non_blocking=True))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for *_, t in self.shards)
+
+
+class _CpuRowsTier(Tier):
+    """Rows in a host array, gathered by CPU threads (into pinned staging for a GPU)."""
+
+    def __init__(self, name, start, stop, words: np.ndarray, gather: RowGather, pinned: bool):
+        super().__init__(name, start, stop)
+        self.words = words  # [rows, words] view used by the gather kernel
+        self.gather = gather
+        self.pinned = pinned
+
+    def _source_rows(self, local: np.ndarray) -> np.ndarray:
+        return local
+
+    def read_into(self, local, out, sel):
+        src_rows = self._source_rows(local.cpu().numpy())
+        if out.device.type == "cpu":
+            self.gather(self.words, src_rows, as_words(out.numpy()), sel.cpu().numpy())
+            return
+        # GPU output: gather on the CPU into pinned staging, then one async copy.
+        staging = torch.empty(
+            (len(src_rows), out.shape[1]), dtype=out.dtype, pin_memory=self.pinned
+        )
+        self.gather(self.words, src_rows, as_words(staging.numpy()), np.arange(len(src_rows)))
+        out.index_copy_(0, sel.to(out.device), staging.to(out.device, non_blocking=True))
+
+
+class HostTier(_CpuRowsTier):
+    """(c)/(d) Rows in host RAM (page-locked when a GPU reads them), contiguous in hot order.
+
+    Args:
+        rows: ``[num_rows, dim]`` CPU tensor, row ``i`` = position ``start + i``.
+    """
+
+    def __init__(self, start: int, stop: int, rows: torch.Tensor, gather: RowGather):
+        assert rows.device.type == "cpu" and rows.is_contiguous()
+        super().__init__("host", start, stop, as_words(rows.numpy()), gather, rows.is_pinned())
+        self.rows = rows  # keeps the storage alive
+
+    def nbytes(self) -> int:
+        return self.rows.numel() * self.rows.element_size()
+
+
+class DiskTier(_CpuRowsTier):
+    """(d) The memory-mapped file holding *all* rows in original id order; serves the
+    positions no faster tier holds, so features larger than RAM can be served.
+
+    Args:
+        array: ``[node_count, dim]`` memory-mapped array (original row order).
+        perm: ``[node_count]`` int64 numpy hot order, ``perm[pos]`` = node id.
+    """
+
+    def __init__(self, start, stop, array: np.ndarray, perm: np.ndarray, gather: RowGather):
+        super().__init__("disk", start, stop, as_words(array), gather, False)
+        self.array = array
+        self.perm = perm
+
+    def _source_rows(self, local):
+        return self.perm[local + self.start]
+
+    def nbytes(self) -> int:
+        return 0  # pages live in the OS page cache, not in this process's allocations
