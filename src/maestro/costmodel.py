@@ -16,6 +16,7 @@ per-sample token counts, for attention).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -161,7 +162,7 @@ class SectionShape:
     out_bytes_per_unit: float = 0.0
     recompute: bool = False
 
-    @property
+    @functools.cached_property
     def params(self) -> float:
         """Parameter count: attention ``4 d^2`` plus MLP ``2 d f`` per layer, plus the LM head."""
         ffn = self.ffn_hidden or 4 * self.hidden

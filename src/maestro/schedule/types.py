@@ -114,6 +114,9 @@ def fifo_schedule(
     ``micro_batch_size`` samples (and ``token_budget`` tokens, if set). This is the runtime's
     baseline behaviour.
     """
+    from maestro.schedule.graph import check_sections  # graph imports this module
+
+    check_sections(sections)
     order: dict[str, list[list[MicroBatch]]] = {}
     for sec in sections:
         ids = [s.sample_id for s in samples if sec.name in s.sections]

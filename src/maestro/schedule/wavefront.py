@@ -16,7 +16,8 @@ section is forward-only and so runs ahead of its consumers, limited only by its 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from maestro.costmodel import CostModel, UnitCostModel, micro_batch_features
 from maestro.schedule.graph import (
@@ -40,35 +41,95 @@ def _closure(start: str, edges: dict[str, list[str]]) -> set[str]:
     return seen
 
 
+#: Lookaheads tried by ``wavefront_schedule`` (see ``greedy_wavefront``).
+LOOKAHEADS = (0.0, 0.5, 2.0)
+_SCAN = 32  # upcoming arrivals a lookahead inspects
+
+
 def wavefront_schedule(
     samples: Sequence[SampleInfo],
     sections: Sequence[SectionSpec],
     cost_model: CostModel | None = None,
+    *,
+    lookaheads: Sequence[float] = LOOKAHEADS,
 ) -> Schedule:
-    """Greedy, event-driven wavefront schedule.
+    """Wavefront schedule: the best of a few greedy passes, scored by the simulator.
+
+    Each pass (``greedy_wavefront``) uses a different lookahead; the schedule whose simulated
+    step time (``maestro.sim.simulate`` on the same cost model) is shortest wins, the smallest
+    lookahead on ties.
+
+    Args:
+        samples: the global batch.
+        sections: the section specs (DAG through ``inputs``).
+        cost_model: estimates compute and transfer times; ``UnitCostModel`` if omitted.
+        lookaheads: the lookaheads to try.
+
+    Returns:
+        A ``Schedule`` whose replicas each hold an ordered list of micro-batches.
+    """
+    from maestro.sim.engine import simulate  # the simulator imports the schedule package
+
+    check_sections(sections)
+    if not lookaheads:
+        raise ValueError("lookaheads must not be empty")
+    cm = cost_model if cost_model is not None else UnitCostModel()
+    prep = _prepare(samples, sections, cm)
+    best, best_t = None, float("inf")
+    for la in lookaheads:
+        sched = _greedy(prep, la)
+        t = simulate(sched, samples, sections, cm).step_time if len(lookaheads) > 1 else 0.0
+        if best is None or t < best_t - 1e-12 * max(t, 1.0):
+            best, best_t = sched, t
+    return best
+
+
+def greedy_wavefront(
+    samples: Sequence[SampleInfo],
+    sections: Sequence[SectionSpec],
+    cost_model: CostModel | None = None,
+    *,
+    lookahead: float = 0.0,
+) -> Schedule:
+    """One greedy, event-driven wavefront pass.
 
     Args:
         samples: the global batch.
         sections: the section specs (DAG through ``inputs``).
         cost_model: estimates micro-batch and transfer times; ``UnitCostModel`` if omitted.
-
-    Returns:
-        A ``Schedule`` whose replicas each hold an ordered list of micro-batches.
+        lookahead: a free replica whose best ready micro-batch would take ``d`` seconds idles
+            instead, if a sample that unblocks more work becomes ready within
+            ``lookahead * d`` (0: never idle while work is ready).
     """
-    by_name = check_sections(sections)
     cm = cost_model if cost_model is not None else UnitCostModel()
+    return _greedy(_prepare(samples, sections, cm), lookahead)
+
+
+@dataclass
+class _Prep:
+    """What every greedy pass shares: graph facts and per-(sample, section) estimates."""
+
+    by_name: dict[str, SectionSpec]
+    order: list[str]
+    roles: dict[str, str]
+    cm: CostModel
+    cost_of: dict[int, Mapping[str, float]]
+    send: dict[str, dict[int, float]]  # producer -> sample -> estimated transfer seconds
+    key: dict[str, dict[int, tuple]]  # section -> sample -> pool key (smaller = sooner)
+
+
+def _prepare(samples, sections, cm: CostModel) -> _Prep:
+    by_name = check_sections(sections)
     order = topo_order(sections)
     gcons = grad_consumers(sections)
     roles = {n: role(by_name[n], gcons) for n in order}
     descendants = {n: _closure(n, consumers_of(sections)) for n in order}
     # sections whose backward waits for this one's input gradients
-    grad_producers = {n: set() for n in order}
+    grad_producers: dict[str, list[str]] = {n: [] for n in order}
     for p, cs in gcons.items():
         for c in cs:
-            grad_producers[c].add(p)
-    grad_ancestors = {
-        n: _closure(n, {k: sorted(v) for k, v in grad_producers.items()}) for n in order
-    }
+            grad_producers[c].append(p)
+    grad_ancestors = {n: _closure(n, grad_producers) for n in order}
 
     # per-(sample, section) estimates from single-sample features
     cost_of = {s.sample_id: s.cost for s in samples}
@@ -79,29 +140,44 @@ def wavefront_schedule(
         act = [s.sample_id for s in samples if n in s.sections]
         fwd[n] = {i: cm.forward_time(n, one[i]) for i in act}
         bwd[n] = {} if roles[n] == "forward" else {i: cm.backward_time(n, one[i]) for i in act}
-
-    out_time: dict[str, dict[int, float]] = {}
-    result: dict[str, list[list[MicroBatch]]] = {}
+    key = {}
     for n in order:
-        sec = by_name[n]
-        act = list(fwd[n])
-        # readiness: every producer this sample activates has produced and sent its output
-        ready = {}
-        for i in act:
-            t = 0.0
-            for p in sec.inputs:
-                if i in out_time[p]:
-                    t = max(t, out_time[p][i] + cm.transfer_time(p, one[i], True))
-            ready[i] = t
-        prio = {}
-        for i in act:
+        k = {}
+        for i in fwd[n]:
+            # work this (sample, section) unblocks: downstream passes, upstream backwards
             w = sum(fwd[d].get(i, 0.0) + bwd[d].get(i, 0.0) for d in descendants[n])
             w += sum(bwd[a].get(i, 0.0) for a in grad_ancestors[n])
-            prio[i] = w
-        # pool order: most work unblocked first, then largest own cost (balances replicas)
-        key = {i: (-prio[i], -(fwd[n][i] + bwd[n].get(i, 0.0)), i) for i in act}
+            # most work unblocked first, then largest own cost (balances replicas), then id
+            k[i] = (-w, -(fwd[n][i] + bwd[n].get(i, 0.0)), i)
+        key[n] = k
+    send = {n: {i: cm.transfer_time(n, one[i], True) for i in fwd[n]} for n in order}
+    return _Prep(by_name, order, roles, cm, cost_of, send, key)
+
+
+def _greedy(prep: _Prep, lookahead: float) -> Schedule:
+    if lookahead < 0:
+        raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+    out_time: dict[str, dict[int, float]] = {}
+    result: dict[str, list[list[MicroBatch]]] = {}
+    for n in prep.order:
+        sec = prep.by_name[n]
+        # readiness: every producer this sample activates has produced and sent its output
+        ready = {}
+        for i in prep.key[n]:
+            t = 0.0
+            for p in sec.inputs:
+                done = out_time[p].get(i)
+                if done is not None:
+                    t = max(t, done + prep.send[p][i])
+            ready[i] = t
         reps, out_time[n] = _list_schedule(
-            sec, ready, key, cost_of, cm, with_backward=roles[n] == "step"
+            sec,
+            ready,
+            prep.key[n],
+            prep.cost_of,
+            prep.cm,
+            with_backward=prep.roles[n] == "step",
+            lookahead=lookahead,
         )
         result[n] = reps
     return Schedule(order=result, name="wavefront")
@@ -114,6 +190,7 @@ def _list_schedule(
     cost_of: dict,
     cm: CostModel,
     with_backward: bool,
+    lookahead: float = 0.0,
 ) -> tuple[list[list[MicroBatch]], dict[int, float]]:
     """Event loop over one section's replicas: the earliest-free replica takes the next
     micro-batch from the samples ready by then (smallest ``key`` first).
@@ -125,29 +202,29 @@ def _list_schedule(
     replicas = [(0.0, r) for r in range(sec.dp)]
     reps: list[list[MicroBatch]] = [[] for _ in range(sec.dp)]
     done_at: dict[int, float] = {}
-    budget = sec.token_budget
     while pending or pool:
         t, r = heapq.heappop(replicas)
         if not pool and ready[pending[-1]] > t:
             t = ready[pending[-1]]  # idle until the next sample's inputs arrive
         while pending and ready[pending[-1]] <= t:
             heapq.heappush(pool, key[pending.pop()])
-        mb: list[int] = []
-        skipped: list[tuple] = []
-        tok = 0.0
-        # a few samples too long for the remaining token budget are passed over, not all
-        while pool and len(mb) < sec.micro_batch_size and len(skipped) < 8:
-            item = heapq.heappop(pool)
-            i = item[-1]
-            ti = cost_of[i].get("tokens", 0.0)
-            if budget is not None and mb and tok + ti > budget:
-                skipped.append(item)
-                continue
-            mb.append(i)
-            tok += ti
-        for item in skipped:
-            heapq.heappush(pool, item)
-        assert mb, "a free replica with a non-empty pool must take a sample"
+        mb = _fill(pool, sec, cost_of)
+        if lookahead > 0 and pending:
+            # idle for a soon-ready sample that unblocks more than the best ready one
+            f = cm.forward_time(sec.name, micro_batch_features(cost_of[i] for i in mb))
+            horizon = t + lookahead * f
+            top = key[mb[0]][0]  # -(work unblocked) of the best ready sample
+            # look at the next few arrivals only, so a pass stays O(n log n)
+            k, stop = len(pending) - 1, max(-1, len(pending) - 1 - _SCAN)
+            while k > stop and ready[pending[k]] <= horizon and key[pending[k]][0] >= top:
+                k -= 1
+            if k > stop and ready[pending[k]] <= horizon and key[pending[k]][0] < top:
+                for i in mb:
+                    heapq.heappush(pool, key[i])
+                t = ready[pending[k]]
+                while pending and ready[pending[-1]] <= t:
+                    heapq.heappush(pool, key[pending.pop()])
+                mb = _fill(pool, sec, cost_of)
         feats = micro_batch_features(cost_of[i] for i in mb)
         f = cm.forward_time(sec.name, feats)
         end = t + f + (cm.backward_time(sec.name, feats) if with_backward else 0.0)
@@ -156,3 +233,25 @@ def _list_schedule(
         reps[r].append(MicroBatch(tuple(mb)))
         heapq.heappush(replicas, (end, r))
     return reps, done_at
+
+
+def _fill(pool: list[tuple], sec: SectionSpec, cost_of: dict) -> list[int]:
+    """Pop the next micro-batch from ``pool`` (best keys first) within the section's limits."""
+    mb: list[int] = []
+    skipped: list[tuple] = []
+    tok = 0.0
+    budget = sec.token_budget
+    # a few samples too long for the remaining token budget are passed over, not all
+    while pool and len(mb) < sec.micro_batch_size and len(skipped) < 8:
+        item = heapq.heappop(pool)
+        i = item[-1]
+        ti = cost_of[i].get("tokens", 0.0)
+        if budget is not None and mb and tok + ti > budget:
+            skipped.append(item)
+            continue
+        mb.append(i)
+        tok += ti
+    for item in skipped:
+        heapq.heappush(pool, item)
+    assert mb, "a free replica with a non-empty pool must take a sample"
+    return mb
