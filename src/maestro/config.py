@@ -238,7 +238,8 @@ class TrainConfig:
     dtype: str = "float32"
     """Parameter and activation dtype: ``float32`` or ``float64`` (exactness tests)."""
     scheduler: str = "fifo"
-    """Scheduler name (see ``maestro.schedule.SCHEDULERS``)."""
+    """Scheduler name (see ``maestro.schedule.SCHEDULERS``), or ``"package.module:function"``
+    for a scheduler defined outside Maestro."""
     monolithic_micro_batch_size: int = 4
     """Micro-batch size of the ``--monolithic`` baseline (whole model per rank)."""
     threads: int = 1
@@ -258,6 +259,10 @@ class TrainConfig:
             )
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if ":" not in self.scheduler:
+            from maestro.schedule import get_scheduler
+
+            get_scheduler(self.scheduler)  # ValueError lists the known names
         self.model.validate("workload")
         wanted = self.model.default_inputs()
         for name in self.sections:

@@ -56,6 +56,19 @@ def check_schedule(
             )
 
 
+def resolve_scheduler(name: str):
+    """A registered scheduler, or ``"package.module:function"`` imported on demand."""
+    if ":" in name:
+        import importlib
+
+        mod, _, fn = name.partition(":")
+        try:
+            return getattr(importlib.import_module(mod), fn)
+        except (ImportError, AttributeError) as e:
+            raise ValueError(f"scheduler {name!r} cannot be imported: {e}") from None
+    return get_scheduler(name)
+
+
 def flat_allreduce_grads(params: Sequence[torch.nn.Parameter], group=None) -> None:
     """SUM-all-reduce the gradients of ``params`` as one flat buffer (missing grads count 0)."""
     if not params:
@@ -118,7 +131,7 @@ class MaestroWorker:
         self.optimizer = (
             make_optimizer(config.sections[self.name], self.params) if self.trainable else None
         )
-        self.scheduler = get_scheduler(config.scheduler)
+        self.scheduler = resolve_scheduler(config.scheduler)
         self.transport = Transport(device)
         self.label = f"{self.name}[{self.replica}]"
 
