@@ -52,14 +52,12 @@ def _below(state, bound):
 
 
 @numba.njit(inline="always", **_JIT)
-def _sample_row(indptr, indices, eid, has_eid, t, k, key, i, cols, eids, o):
-    """Write ``min(deg(t), k)`` distinct uniform in-neighbours of ``t`` to ``cols[o:]``.
+def _sample_row(indices, eid, has_eid, start, deg, k, key, i, cols, eids, o):
+    """Write ``min(deg, k)`` distinct uniform entries of one CSR row to ``cols[o:]``/``eids[o:]``.
 
     Floyd's algorithm picks ``k`` distinct positions of the row in ``k`` draws; the
     membership scan is over at most ``k`` entries, cheap for GNN fanouts.
     """
-    start = indptr[t]
-    deg = indptr[t + 1] - start
     if k < 0 or deg <= k:
         for j in range(deg):
             cols[o + j] = indices[start + j]
@@ -82,15 +80,57 @@ def _sample_row(indptr, indices, eid, has_eid, t, k, key, i, cols, eids, o):
 
 
 @numba.njit(parallel=True, **_JIT)
-def _fill_parallel(indptr, indices, eid, has_eid, targets, num_targets, k, key, offs, cols, eids):
-    for i in prange(num_targets):
-        _sample_row(indptr, indices, eid, has_eid, targets[i], k, key, i, cols, eids, offs[i])
+def _rows_parallel(indptr, targets, starts, degs):
+    for i in prange(targets.shape[0]):
+        t = targets[i]
+        starts[i] = indptr[t]
+        degs[i] = indptr[t + 1] - indptr[t]
 
 
 @numba.njit(**_JIT)
-def _fill_serial(indptr, indices, eid, has_eid, targets, num_targets, k, key, offs, cols, eids):
-    for i in range(num_targets):
-        _sample_row(indptr, indices, eid, has_eid, targets[i], k, key, i, cols, eids, offs[i])
+def _rows_serial(indptr, targets, starts, degs):
+    for i in range(targets.shape[0]):
+        t = targets[i]
+        starts[i] = indptr[t]
+        degs[i] = indptr[t + 1] - indptr[t]
+
+
+@numba.njit(parallel=True, **_JIT)
+def _fill_parallel(indices, eid, has_eid, starts, degs, k, key, offs, cols, eids):
+    for i in prange(starts.shape[0]):
+        _sample_row(indices, eid, has_eid, starts[i], degs[i], k, key, i, cols, eids, offs[i])
+
+
+@numba.njit(**_JIT)
+def _fill_serial(indices, eid, has_eid, starts, degs, k, key, offs, cols, eids):
+    for i in range(starts.shape[0]):
+        _sample_row(indices, eid, has_eid, starts[i], degs[i], k, key, i, cols, eids, offs[i])
+
+
+@numba.njit(**_JIT)
+def _sample_rows(indptr, indices, eid, targets, k, key, parallel):
+    """Sample every row of ``targets``; returns ``(offs [T+1], cols [S], eids [S])``."""
+    nt = targets.shape[0]
+    starts = np.empty(nt, dtype=np.int64)
+    degs = np.empty(nt, dtype=np.int64)
+    if parallel:
+        _rows_parallel(indptr, targets, starts, degs)
+    else:
+        _rows_serial(indptr, targets, starts, degs)
+    offs = np.empty(nt + 1, dtype=np.int64)
+    offs[0] = 0
+    for i in range(nt):
+        d = degs[i]
+        offs[i + 1] = offs[i] + (d if (k < 0 or d <= k) else k)
+    m = offs[nt]
+    cols = np.empty(m, dtype=np.int64)
+    eids = np.empty(m, dtype=np.int64)
+    has_eid = eid.shape[0] > 0
+    if parallel:
+        _fill_parallel(indices, eid, has_eid, starts, degs, k, key, offs, cols, eids)
+    else:
+        _fill_serial(indices, eid, has_eid, starts, degs, k, key, offs, cols, eids)
+    return offs, cols, eids
 
 
 @numba.njit(**_JIT)
@@ -118,7 +158,7 @@ def sample_khop(indptr, indices, eid, seeds, fanouts, seed, call, marker, parall
         seeds: int64 seed ids, distinct, validated by the caller.
         fanouts: int64 per-hop fanouts, innermost (seeds) first.
         seed, call: key of the random streams.
-        marker: int64 work array of length N, all -1 on entry and on return.
+        marker: integer work array of length N (int32 suffices), all -1 on entry and on return.
         parallel_min: hops with at least this many targets sample rows in parallel.
         frontier: sample only the previous hop's new nodes (see above).
 
@@ -128,7 +168,6 @@ def sample_khop(indptr, indices, eid, seeds, fanouts, seed, call, marker, parall
         dst_local [E'], e_id [E']. If ``seeds`` holds a duplicate, ``num_nodes[0]`` is -1
         and the other outputs are empty.
     """
-    has_eid = eid.shape[0] > 0
     num_hops = fanouts.shape[0]
     n_seeds = seeds.shape[0]
     n_id = np.empty(max(16, n_seeds * 4), dtype=np.int64)
@@ -153,23 +192,12 @@ def sample_khop(indptr, indices, eid, seeds, fanouts, seed, call, marker, parall
     for h in range(num_hops):
         k = fanouts[h]
         first = num_nodes[h - 1] if (frontier and h > 0) else 0
-        targets = n_id[first:n]
         num_targets = n - first
-        offs = np.empty(num_targets + 1, dtype=np.int64)
-        offs[0] = 0
-        for i in range(num_targets):
-            t = targets[i]
-            d = indptr[t + 1] - indptr[t]
-            offs[i + 1] = offs[i] + (d if (k < 0 or d <= k) else k)
-        m = offs[num_targets]
-        cols = np.empty(m, dtype=np.int64)
-        eids = np.empty(m, dtype=np.int64)
         key = stream_key(seed, call, h)
-        args = (targets, num_targets, k, key, offs, cols, eids)
-        if num_targets >= parallel_min:
-            _fill_parallel(indptr, indices, eid, has_eid, *args)
-        else:
-            _fill_serial(indptr, indices, eid, has_eid, *args)
+        offs, cols, eids = _sample_rows(
+            indptr, indices, eid, n_id[first:n], k, key, num_targets >= parallel_min
+        )
+        m = offs[num_targets]
         src_out = _grow(src_out, ne + m)
         dst_out = _grow(dst_out, ne + m)
         eid_out = _grow(eid_out, ne + m)
@@ -184,10 +212,10 @@ def sample_khop(indptr, indices, eid, seeds, fanouts, seed, call, marker, parall
                     marker[g] = n
                     n_id[n] = g
                     n += 1
-                src_out[ne] = loc
-                dst_out[ne] = first + i
-                eid_out[ne] = eids[j]
-                ne += 1
+                src_out[ne + j] = loc
+                dst_out[ne + j] = first + i
+        eid_out[ne : ne + m] = eids
+        ne += m
         num_nodes[h + 1] = n
         edge_ptr[h + 1] = ne
     for i in range(n):
@@ -201,16 +229,6 @@ def sample_one_hop(indptr, indices, eid, nodes, k, seed, call):
 
     Returns ``(counts [len(nodes)], neighbours [sum counts], e_id [sum counts])``.
     """
-    has_eid = eid.shape[0] > 0
-    num_targets = nodes.shape[0]
-    offs = np.empty(num_targets + 1, dtype=np.int64)
-    offs[0] = 0
-    for i in range(num_targets):
-        t = nodes[i]
-        d = indptr[t + 1] - indptr[t]
-        offs[i + 1] = offs[i] + (d if (k < 0 or d <= k) else k)
-    cols = np.empty(offs[num_targets], dtype=np.int64)
-    eids = np.empty(offs[num_targets], dtype=np.int64)
     key = stream_key(seed, call, 0)
-    _fill_parallel(indptr, indices, eid, has_eid, nodes, num_targets, k, key, offs, cols, eids)
+    offs, cols, eids = _sample_rows(indptr, indices, eid, nodes, k, key, True)
     return offs[1:] - offs[:-1], cols, eids
