@@ -6,10 +6,10 @@ The public API keeps torch-quiver's core names (``CSRTopo``, ``quiver.pyg.GraphS
 
 from quiver._version import __version__
 
-__all__ = ["__version__", "CSRTopo", "Feature"]
+__all__ = ["__version__", "CSRTopo", "Feature", "HybridSampler"]
 
 # name -> module that defines it; imported on first attribute access so `import quiver` stays cheap
-_LAZY = {"CSRTopo": "quiver.graph", "Feature": "quiver.feature"}
+_LAZY = {"CSRTopo": "quiver.graph", "Feature": "quiver.feature", "HybridSampler": "quiver.hybrid"}
 
 
 def __getattr__(name):
