@@ -123,7 +123,7 @@ class GPUPreset:
     gpus_per_node: int = 8
     link_latency: float = 10e-6
     mfu_max: float = 0.55
-    half_tokens: float = 512.0
+    half_tokens: float = 128.0
     layer_overhead: float = 60e-6
 
 

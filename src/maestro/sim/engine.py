@@ -9,7 +9,7 @@ micro-batch and consumer replica). Then, by the section's role (``schedule.graph
 - ``step`` (trainable, no trainable consumer): each backward right after its forward; input
   gradients go back to trainable producers.
 - ``producer`` (trainable with trainable consumers): all forwards, then one backward per
-  micro-batch as soon as the gradients of all its samples have arrived (earliest first).
+  micro-batch, in schedule order, each once the gradients of all its samples have arrived.
 
 When a section's last backward ends on every replica, its gradients are all-reduced within its
 DP group and its optimizer steps; the step ends when the last section is done. A colocated
@@ -103,6 +103,7 @@ def simulate(
     *,
     gpus_per_node: int | None = None,
     trace: bool = False,
+    arrival_order: bool = False,
 ) -> SimResult:
     """Replay ``schedule`` and return its step time and per-section statistics.
 
@@ -113,6 +114,8 @@ def simulate(
         cost_model: times of compute, transfers and all-reduces.
         gpus_per_node: ranks per node (default: the cost model's GPU preset, else 8).
         trace: keep every compute interval in ``SimResult.events`` (for a Gantt chart).
+        arrival_order: producer backwards run in gradient-arrival order instead of schedule
+            order (``maestro.runtime`` runs them in schedule order, waiting as needed).
     """
     by_name = check_sections(sections)
     if gpus_per_node is None:
@@ -220,7 +223,10 @@ def simulate(
         for r, mbs in enumerate(schedule.order[n]):
             t = st.finish[r]
             ends = [0.0] * len(mbs)
-            todo = sorted((grad_at[(r, i)], i) for i in range(len(mbs)) if (r, i) in grad_at)
+            if arrival_order:
+                todo = sorted((grad_at[(r, i)], i) for i in range(len(mbs)) if (r, i) in grad_at)
+            else:
+                todo = [(grad_at[(r, i)], i) for i in range(len(mbs)) if (r, i) in grad_at]
             for arrive, i in todo:
                 start = max(t, arrive)
                 bt = cost_model.backward_time(n, feats[n][r][i])
