@@ -1,0 +1,52 @@
+"""Fixtures shared by the Quiver tests: a small serving world (graph, features, model, sampler)."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from quiver import CSRTopo
+from quiver.models import ModelConfig, build_model
+from quiver.pyg import GraphSageSampler
+
+
+def small_world(num_nodes=300, in_degree=3, fanouts=(4, 4), seed=0, dim=8, classes=4):
+    """A graph whose in-degree never exceeds the fanouts, so sampling takes every neighbour and
+    each node's prediction is the same whatever batch it is served in."""
+    rng = np.random.default_rng(seed)
+    dst = np.repeat(np.arange(num_nodes), in_degree)
+    src = (dst + rng.integers(1, num_nodes, size=dst.size)) % num_nodes
+    edges = np.unique(np.stack([src, dst]), axis=1)  # distinct edges, in-degree <= in_degree
+    topo = CSRTopo.from_edge_index(torch.from_numpy(edges), num_nodes=num_nodes)
+    torch.manual_seed(seed)
+    x = torch.randn(num_nodes, dim)
+    model = build_model(
+        ModelConfig("sage", in_dim=dim, out_dim=classes, hidden_dim=16, num_layers=len(fanouts))
+    ).eval()
+    sampler = GraphSageSampler(topo, list(fanouts), mode="CPU", seed=seed)
+    return topo, x, model, sampler
+
+
+def offline_logits(model, sampler, x, nodes):
+    """Logits of each node served alone, in the order given: ``(len(nodes), classes)``."""
+    rows = []
+    with torch.inference_mode():
+        for v in nodes:
+            n_id, bs, adjs = sampler.sample(torch.tensor([v]))
+            rows.append(model(x[n_id], adjs)[0])
+    return torch.stack(rows)
+
+
+@pytest.fixture
+def world():
+    """A small graph served exactly (in-degree <= fanouts) with ``offline(nodes)`` logits."""
+    topo, x, model, sampler = small_world()
+    return SimpleNamespace(
+        topo=topo,
+        x=x,
+        model=model,
+        sampler=sampler,
+        n=topo.node_count,
+        offline=lambda nodes: offline_logits(model, sampler, x, nodes).numpy(),
+    )

@@ -1,0 +1,150 @@
+"""The in-process serving engine: exact answers, no mix-ups under concurrency, errors, drain."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from quiver import CSRTopo
+from quiver.models import ModelConfig, build_model
+from quiver.pyg import GraphSageSampler
+from quiver.serving import Engine, Overloaded, ServeConfig, ShuttingDown
+
+
+def test_answers_equal_offline_forward_on_the_same_sampled_subgraph():
+    # a skewed graph whose rows exceed the fanouts: answers depend on the random sample, so the
+    # engine records each batch's subgraph and the test recomputes it offline
+    rng = np.random.default_rng(1)
+    n = 500
+    src = (n * rng.random(6000) ** 2).astype(np.int64)
+    dst = (n * rng.random(6000) ** 1.5).astype(np.int64)
+    topo = CSRTopo.from_edge_index(torch.from_numpy(np.stack([src, dst])), num_nodes=n)
+    torch.manual_seed(0)
+    x = torch.randn(n, 6)
+    model = build_model(ModelConfig("sage", 6, 3, hidden_dim=8, num_layers=2)).eval()
+    sampler = GraphSageSampler(topo, [5, 3], mode="CPU", seed=3)
+    # a generous SLO: the first call may load the compiled kernel
+    cfg = ServeConfig(max_wait_ms=0, num_sampler_workers=1, slo_ms=60_000)
+    with Engine(sampler, x, model, n, cfg, record=True) as eng:
+        requests = [[0, 1, 2], [7], [450, 3, 7]]
+        results = [eng.predict(r, output="logits") for r in requests]
+    assert len(eng.recorded) == len(requests)  # one batch per sequential request
+    for req, res, (seeds, n_id, adjs) in zip(requests, results, eng.recorded):
+        with torch.inference_mode():
+            want = model(x[n_id], adjs).numpy()
+        pos = np.searchsorted(seeds.numpy(), req)  # seeds are the sorted unique request ids
+        np.testing.assert_allclose(res.values, want[pos], rtol=1e-6, atol=1e-6)
+        assert res.nodes.tolist() == req and not res.late
+
+
+def test_concurrent_clients_never_get_each_others_answers(world):
+    x, model, sampler = world.x, world.model, world.sampler
+    n = world.n
+    want = world.offline(range(n))
+    cfg = ServeConfig(max_batch_nodes=64, max_wait_ms=5, num_sampler_workers=2)
+    errors = []
+    with Engine(sampler, x, model, n, cfg) as eng:
+
+        def client(k):
+            rng = np.random.default_rng(k)
+            for _ in range(15):
+                nodes = rng.choice(n, size=rng.integers(1, 20), replace=False).tolist()
+                res = eng.predict(nodes, output="logits", timeout=30)
+                if not np.allclose(res.values, want[nodes], atol=1e-5):
+                    errors.append((k, nodes))
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert not errors, f"mixed-up answers: {errors[:3]}"
+    text = eng.metrics.render().decode()
+    assert 'quiver_requests_total{status="ok"} 120.0' in text
+    # batching happened: fewer batches than requests
+    batches = sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("quiver_batches_total{")
+    )
+    assert 0 < batches < 120
+
+
+def test_outputs_class_and_embedding(world):
+    topo, x, model, sampler = world.topo, world.x, world.model, world.sampler
+    with Engine(sampler, x, model, topo.node_count) as eng:
+        logits = eng.predict([3, 4], output="logits").values
+        cls = eng.predict([3, 4], output="class").values
+        emb = eng.predict([3, 4], output="embedding").values
+    assert cls.tolist() == logits.argmax(1).tolist()
+    assert emb.shape == (2, 16)
+
+
+class _Exploding:
+    """Wraps a sampler and fails on batches that contain node 13."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def sample(self, seeds):
+        if (seeds == 13).any():
+            raise RuntimeError("sampler worker crashed")
+        return self.inner.sample(seeds)
+
+
+def test_a_failing_batch_answers_its_requests_with_the_error_and_serving_continues(world):
+    topo, x, model, sampler = world.topo, world.x, world.model, world.sampler
+    cfg = ServeConfig(max_wait_ms=0)
+    with Engine(_Exploding(sampler), x, model, topo.node_count, cfg) as eng:
+        with pytest.raises(RuntimeError, match="crashed"):
+            eng.predict([13, 2])
+        assert eng.predict([2]).values.shape == (1,)
+    text = eng.metrics.render().decode()
+    assert 'quiver_requests_total{status="error"} 1.0' in text
+    assert 'quiver_requests_total{status="ok"} 1.0' in text
+
+
+def test_overload_rejects_and_stop_drains_admitted_requests(world):
+    topo, x, model, sampler = world.topo, world.x, world.model, world.sampler
+    gate = threading.Event()
+
+    class Slow:
+        def sample(self, seeds):
+            gate.wait(10)
+            return sampler.sample(seeds)
+
+    cfg = ServeConfig(
+        queue_capacity=3, max_batch_nodes=1, max_wait_ms=0, num_sampler_workers=1, pipeline_depth=1
+    )
+    eng = Engine(Slow(), x, model, topo.node_count, cfg).start()
+    futures, rejected = [], 0
+    for v in range(20):
+        try:
+            futures.append(eng.submit([v]))
+        except Overloaded:
+            rejected += 1
+    assert rejected > 0 and len(futures) <= 3 + 1 + 1 + 1 + 1  # queue + stage buffers + workers
+    gate.set()
+    eng.stop(timeout=30)
+    # every admitted request was answered before stop returned
+    assert all(f.done() and f.exception() is None for f in futures)
+    with pytest.raises(ShuttingDown):
+        eng.submit([1])
+
+
+def test_late_requests_are_answered_and_counted(world):
+    topo, x, model, sampler = world.topo, world.x, world.model, world.sampler
+    cfg = ServeConfig(slo_ms=0.0, max_wait_ms=1)
+    with Engine(sampler, x, model, topo.node_count, cfg) as eng:
+        res = eng.predict([1, 2])
+    assert res.late and res.values.shape == (2,)
+    assert "quiver_late_requests_total 1.0" in eng.metrics.render().decode()
+
+
+def test_invalid_ids_rejected_at_admission(world):
+    topo, x, model, sampler = world.topo, world.x, world.model, world.sampler
+    with Engine(sampler, x, model, topo.node_count) as eng:
+        with pytest.raises(ValueError, match="out of range"):
+            eng.submit([topo.node_count])
+        assert eng.predict([0]).values.shape == (1,)
