@@ -15,6 +15,7 @@ from maestro import __version__
 #: Command modules, in the order ``--help`` lists them. Add a line per new command.
 COMMAND_MODULES = [
     "maestro.commands.info",
+    "maestro.commands.train",
 ]
 
 

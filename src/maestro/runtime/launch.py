@@ -100,6 +100,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
     # step 0 warms up (allocations, first messages): measure from its end when steps > 1
     warm = 1 if config.steps > 1 else 0
     t_start, busy0 = time.time(), 0.0
+    totals0: dict[str, float] = {}
     busy_sum = torch.zeros(world, dtype=torch.float64)
     for step in range(config.steps):
         loss = worker.step(step)
@@ -110,6 +111,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
         losses.append(float(stats[0]))
         if step + 1 == warm:
             t_start, busy0 = time.time(), tracer.busy
+            totals0 = dict(tracer.totals)
         else:
             busy_sum = stats[1:].cpu()
             if bar is not None:
@@ -128,6 +130,9 @@ def _train(config, opts, rank, world, device) -> dict | None:
     measured_steps = config.steps - warm
     busy_frac = _per_section(sections, busy_sum / max(elapsed, 1e-9))
 
+    totals = {c: v - totals0.get(c, 0.0) for c, v in tracer.totals.items()}
+    all_totals = [None] * world
+    dist.all_gather_object(all_totals, totals)
     if opts.trace is not None:
         gathered = [None] * world
         dist.all_gather_object(gathered, (rank, worker.label, tracer.events))
@@ -149,6 +154,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
         "measured_steps": measured_steps,
         "samples_per_s": measured_steps * config.global_batch / elapsed,
         "busy": busy_frac,
+        "seconds": _per_section_totals(sections, all_totals, measured_steps),
         "layout": {"model": {"dp": world, "micro_batch_size": config.monolithic_micro_batch_size}}
         if opts.monolithic
         else {
@@ -158,6 +164,8 @@ def _train(config, opts, rank, world, device) -> dict | None:
     }
     if opts.result is not None:
         Path(opts.result).write_text(json.dumps(result))
+    if opts.progress:
+        print(summary_table(result), flush=True)
     return result
 
 
@@ -167,6 +175,40 @@ def _per_section(sections: list[str], per_rank: torch.Tensor) -> dict[str, float
     for name, v in zip(sections, per_rank.tolist()):
         out.setdefault(name, []).append(v)
     return {n: sum(v) / len(v) for n, v in out.items()}
+
+
+def _per_section_totals(
+    sections: list[str], per_rank: list[dict[str, float]], steps: int
+) -> dict[str, dict[str, float]]:
+    """Mean seconds per step and category over each section's replicas."""
+    out: dict[str, dict[str, float]] = {}
+    count: dict[str, int] = {}
+    for name, totals in zip(sections, per_rank):
+        count[name] = count.get(name, 0) + 1
+        d = out.setdefault(name, {})
+        for cat, v in totals.items():
+            d[cat] = d.get(cat, 0.0) + v / max(steps, 1)
+    return {n: {c: v / count[n] for c, v in d.items()} for n, d in out.items()}
+
+
+def summary_table(result: dict) -> str:
+    """The end-of-run table: per section, its layout, busy fraction and seconds per step."""
+    cats = ["forward", "backward", "optimizer", "comm", "send", "wait"]
+    head = f"{'section':<10}{'dp':>4}{'mbs':>5}{'busy':>7}" + "".join(f"{c:>10}" for c in cats)
+    lines = [
+        f"{result['mode']} {result['workload']} on {result['world_size']} ranks: "
+        f"{result['samples_per_s']:.2f} samples/s over {result['measured_steps']} steps, "
+        f"final loss {result['losses'][-1]:.4f} (seconds per step below)",
+        head,
+    ]
+    for name, busy in result["busy"].items():
+        lay = result["layout"].get(name, {})
+        sec = result["seconds"].get(name, {})
+        lines.append(
+            f"{name:<10}{lay.get('dp', ''):>4}{lay.get('micro_batch_size', ''):>5}{busy:>7.0%}"
+            + "".join(f"{sec.get(c, 0.0):>10.3f}" for c in cats)
+        )
+    return "\n".join(lines)
 
 
 def _spawn_entry(local_rank: int, world: int, port: int, cfg: dict, opts: RunOptions) -> None:

@@ -24,6 +24,7 @@ class Tracer:
         self.rank, self.label, self.keep = rank, label, keep_events
         self.events: list[dict] = []
         self.busy = 0.0
+        self.totals: dict[str, float] = {}  # seconds per category
 
     @contextmanager
     def span(self, name: str, cat: str, **args):
@@ -35,6 +36,7 @@ class Tracer:
             dur = time.time() - t0
             if cat in COMPUTE:
                 self.busy += dur
+            self.totals[cat] = self.totals.get(cat, 0.0) + dur
             if self.keep:
                 self.events.append(
                     {

@@ -1,0 +1,92 @@
+"""``python -m maestro.train CONFIG``: train under torchrun, or spawn local ranks.
+
+Under ``torchrun`` (``RANK``/``WORLD_SIZE`` set, no ``--nproc``) this process is one rank::
+
+    torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:29500 -m maestro.train run.toml
+
+Otherwise ``--nproc N`` (default: the config's ``sum(dp)``) spawns N local ranks; this is what
+``maestro train`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options shared by ``maestro train`` and ``python -m maestro.train``."""
+    p.add_argument("config", help="TOML run config (see examples/)")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="local ranks to spawn (default: sum of the sections' dp; ignored under torchrun)",
+    )
+    p.add_argument(
+        "--monolithic",
+        action="store_true",
+        help="baseline: the whole model on every rank, data parallel, one micro-batch size",
+    )
+    p.add_argument(
+        "--mbs", type=int, default=None, help="micro-batch size of --monolithic (overrides config)"
+    )
+    p.add_argument("--steps", type=int, default=None, help="override the config's steps")
+    p.add_argument("--scheduler", default=None, help="override the config's scheduler")
+    p.add_argument("--trace", default=None, metavar="OUT.json", help="write a Chrome trace")
+    p.add_argument("--save-dir", default=None, help="save each section's final weights here")
+    p.add_argument("--result", default=None, metavar="OUT.json", help="write rank 0's results")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or summary table")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load and validate the config, then train (torchrun rank or local launcher)."""
+    from maestro import config as C
+    from maestro.runtime.launch import RunOptions, launch, worker_main
+
+    cfg = C.load(args.config)
+    over = {}
+    if args.steps is not None:
+        over["steps"] = args.steps
+    if args.scheduler is not None:
+        over["scheduler"] = args.scheduler
+    if args.mbs is not None:
+        over["monolithic_micro_batch_size"] = args.mbs
+    if over:
+        d = cfg.to_dict()
+        d.update(over)
+        cfg = C.from_dict(d)
+    opts = RunOptions(
+        monolithic=args.monolithic,
+        trace=args.trace,
+        save_dir=args.save_dir,
+        result=args.result,
+        progress=not args.quiet,
+        device=args.device,
+    )
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and args.nproc is None
+    if under_torchrun:
+        world = int(os.environ["WORLD_SIZE"])
+        if not args.monolithic:
+            cfg.check_world_size(world)
+        worker_main(cfg, opts)
+        return 0
+    launch(cfg, args.nproc, opts)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m maestro.train", description=__doc__)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"maestro.train: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
