@@ -63,8 +63,8 @@ class Engine:
     Args:
         sampler: object with ``sample(seeds: LongTensor) -> (n_id, batch_size, adjs)`` (e.g.
             ``quiver.pyg.GraphSageSampler`` or ``quiver.HybridSampler``). If it also has
-            ``route(seeds) -> str``, that names the path for metrics and is passed back as
-            ``sample(seeds, path=...)``.
+            ``route(seeds) -> (path, psgs)`` (HybridSampler), the path labels the batch in
+            the metrics.
         features: ``quiver.Feature`` or a tensor; ``features[n_id]`` gives ``(len(n_id), F)``.
         model: a ``quiver.models.SampledGNN`` (put in eval mode here).
         node_count: number of graph nodes (ids are validated against it).
@@ -188,12 +188,11 @@ class Engine:
         unique, inverse = np.unique(batch.seeds, return_inverse=True)
         seeds = torch.from_numpy(unique)
         route = getattr(self.sampler, "route", None)
-        if route is not None:
+        path = "cpu"
+        if route is not None:  # HybridSampler: routing is deterministic in the batch's PSGS
             path = route(seeds)
-            n_id, batch_size, adjs = self.sampler.sample(seeds, path=path)
-        else:
-            path = "cpu"
-            n_id, batch_size, adjs = self.sampler.sample(seeds)
+            path = path[0] if isinstance(path, tuple) else path
+        n_id, batch_size, adjs = self.sampler.sample(seeds)
         assert batch_size == len(unique), "sampler must put the seeds first in n_id"
         x = self.features[n_id]
         if self.record:
