@@ -293,6 +293,9 @@ class MeasuredCostModel(CostModel):
         link_bw: bytes/s between processes (measured or assumed), both for transfers and
             all-reduce.
         link_latency: seconds per message.
+        optimizer_s: section -> seconds of one optimizer step.
+        step_overhead: seconds every rank spends per step outside sections (building the
+            global batch); the simulator adds it to the step time.
     """
 
     forward: dict[str, LinearFit]
@@ -301,6 +304,8 @@ class MeasuredCostModel(CostModel):
     param_bytes: dict[str, float] = field(default_factory=dict)
     link_bw: float = 2e9
     link_latency: float = 50e-6
+    optimizer_s: dict[str, float] = field(default_factory=dict)
+    step_overhead: float = 0.0
 
     def forward_time(self, section: str, feats: Features) -> float:
         try:
@@ -319,18 +324,21 @@ class MeasuredCostModel(CostModel):
         return self.link_latency + nbytes / self.link_bw if nbytes > 0 else 0.0
 
     def allreduce_time(self, section: str, dp: int, same_node: bool) -> float:
+        optim = self.optimizer_s.get(section, 0.0)
         if dp <= 1:
-            return 0.0
+            return optim
         nbytes = self.param_bytes.get(section, 0.0)
-        return 2.0 * (dp - 1) / dp * nbytes / self.link_bw + 2 * (dp - 1) * self.link_latency
+        ring = 2.0 * (dp - 1) / dp * nbytes / self.link_bw + 2 * (dp - 1) * self.link_latency
+        return ring + optim
 
     @classmethod
     def from_profile(cls, profile: Mapping | str | Path) -> MeasuredCostModel:
         """Fit from a profile dict or JSON file.
 
         The profile has ``{"sections": {name: {"rows": [{"features": {...}, "forward_s": x,
-        "forward_backward_s": y (optional)}, ...], "bytes_per": {...}, "param_bytes": n}},
-        "link_bw": ..., "link_latency": ...}``. Features used for the fit are those that vary
+        "forward_backward_s": y (optional)}, ...], "bytes_per": {...}, "param_bytes": n,
+        "optimizer_s": t}}, "link_bw": ..., "link_latency": ..., "step_overhead_s": t}``.
+        Features used for the fit are those that vary
         across the section's rows.
         """
         if not isinstance(profile, Mapping):
@@ -341,7 +349,7 @@ class MeasuredCostModel(CostModel):
         secs = profile.get("sections")
         if not secs:
             raise ValueError("profile has no 'sections'")
-        fwd, fb, bytes_per, params = {}, {}, {}, {}
+        fwd, fb, bytes_per, params, optim = {}, {}, {}, {}, {}
         for name, rec in secs.items():
             rows = rec.get("rows", [])
             if len(rows) < 2:
@@ -364,6 +372,7 @@ class MeasuredCostModel(CostModel):
                 fb[name] = LinearFit.fit(fb_rows, keys)
             bytes_per[name] = dict(rec.get("bytes_per", {}))
             params[name] = float(rec.get("param_bytes", 0.0))
+            optim[name] = float(rec.get("optimizer_s", 0.0))
         return cls(
             forward=fwd,
             forward_backward=fb,
@@ -371,6 +380,8 @@ class MeasuredCostModel(CostModel):
             param_bytes=params,
             link_bw=float(profile.get("link_bw", 2e9)),
             link_latency=float(profile.get("link_latency", 50e-6)),
+            optimizer_s=optim,
+            step_overhead=float(profile.get("step_overhead_s", 0.0)),
         )
 
 

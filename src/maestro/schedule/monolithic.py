@@ -20,6 +20,7 @@ def monolithic_schedule(
     cost_model=None,
     *,
     world_size: int | None = None,
+    micro_batch_size: int | None = None,
 ) -> Schedule:
     """Whole-model micro-batches, contiguous data-order shards, one per rank.
 
@@ -28,6 +29,8 @@ def monolithic_schedule(
         sections: section specs; their ``dp`` only sets the default world size.
         cost_model: unused (the baseline does not look at costs).
         world_size: number of ranks (default: the sum of the sections' ``dp``).
+        micro_batch_size: samples per whole-model micro-batch (default: the smallest of the
+            sections' ``micro_batch_size``).
 
     Returns:
         A colocated schedule: ``order[sec][r][i]`` is the part of rank ``r``'s ``i``-th
@@ -37,7 +40,9 @@ def monolithic_schedule(
     world = world_size if world_size is not None else sum(s.dp for s in sections)
     if world < 1:
         raise ValueError(f"world_size must be >= 1, got {world}")
-    mbs = min(s.micro_batch_size for s in sections)
+    mbs = micro_batch_size or min(s.micro_batch_size for s in sections)
+    if mbs < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {mbs}")
     budgets = [s.token_budget for s in sections if s.token_budget is not None]
     budget = min(budgets) if budgets else None
 

@@ -21,9 +21,10 @@ def validate_schedule(
       1. every section has an entry, with ``dp`` replicas (colocated: the same number of
          replicas, one per rank, for every section, and the same micro-batch count per rank);
       2. every activated ``(sample, section)`` pair is scheduled exactly once, and no other;
-      3. no micro-batch exceeds its section's ``micro_batch_size`` or ``token_budget`` (a
-         single sample longer than the budget may form a micro-batch on its own), and none is
-         empty (except the empty parts of a colocated schedule);
+      3. no micro-batch exceeds its section's ``micro_batch_size`` (colocated schedules have
+         one size of their own) or ``token_budget`` (a single sample longer than the budget
+         may form a micro-batch on its own), and none is empty (except the empty parts of a
+         colocated schedule);
       4. colocated: a sample sits on the same rank and micro-batch index in all its sections.
 
     With these, every schedule can run: sections have disjoint ranks and form a DAG, so a
@@ -78,7 +79,8 @@ def validate_schedule(
                 sids = mb.sample_ids
                 if not sids and not schedule.colocated:
                     raise ValueError(f"section {n!r} replica {r}: micro-batch {i} is empty")
-                if len(sids) > sec.micro_batch_size:
+                # a colocated schedule has one whole-model micro-batch size of its own
+                if len(sids) > sec.micro_batch_size and not schedule.colocated:
                     raise ValueError(
                         f"section {n!r} replica {r}: micro-batch {i} has {len(sids)} samples, "
                         f"micro_batch_size={sec.micro_batch_size}"

@@ -12,9 +12,10 @@ micro-batch and consumer replica). Then, by the section's role (``schedule.graph
   micro-batch, in schedule order, each once the gradients of all its samples have arrived.
 
 When a section's last backward ends on every replica, its gradients are all-reduced within its
-DP group and its optimizer steps; the step ends when the last section is done. A colocated
-(monolithic) schedule runs each whole-model micro-batch forward through all sections then
-backward on one rank, and all-reduces every trainable section over all ranks.
+DP group and its optimizer steps; the step ends when the last section is done, plus the cost
+model's ``step_overhead`` (work outside sections, such as building the batch), if it has one.
+A colocated (monolithic) schedule runs each whole-model micro-batch forward through all
+sections then backward on one rank, and all-reduces every trainable section over all ranks.
 
 Transfers are latency plus bytes over the link bandwidth (NVLink inside a node, the network
 across nodes); link contention is not modelled. Ranks are assigned to sections in
@@ -247,6 +248,7 @@ def simulate(
             same = node(n, 0) == node(n, ranks - 1)
             st.allreduce = cost_model.allreduce_time(n, ranks, same)
         step = max(step, max(st.finish, default=0.0) + st.allreduce)
+    step += getattr(cost_model, "step_overhead", 0.0)
     return SimResult(step, len(samples), stats, events, world_size=r0)
 
 
@@ -281,6 +283,6 @@ def _simulate_colocated(schedule, sections, cost_model, cost_of, gpus_per_node, 
     allreduce = sum(
         cost_model.allreduce_time(n, world, same) for n in order if not by_name[n].frozen
     )
-    step = max(finish, default=0.0) + allreduce
+    step = max(finish, default=0.0) + allreduce + getattr(cost_model, "step_overhead", 0.0)
     stats = {n: SectionStats(world, busy[n], list(finish), allreduce) for n in order}
     return SimResult(step, len(cost_of), stats, events, world_size=world)
