@@ -45,9 +45,6 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from quiver.datasets import load_prepared
-    from quiver.hybrid import calibrate, plot_calibration, write_calibration
-
     d = Path(args.dataset_dir)
     if not (d / "manifest.json").is_file():
         raise FileNotFoundError(f"{d} is not a prepared dataset (no manifest.json)")
@@ -58,8 +55,10 @@ def run(args: argparse.Namespace) -> int:
         sizes = [int(k) for k in manifest["fanouts"]]
     else:
         raise ValueError("the manifest names no fanouts; pass --sizes 15,10,5")
-    data = load_prepared(d)
-    topo = data.topo if hasattr(data, "topo") else data[0]
+    from quiver.datasets import load_prepared
+    from quiver.hybrid import calibrate, plot_calibration, write_calibration
+
+    topo = load_prepared(d).topo
     device = args.device
     if device is None and not torch.cuda.is_available():
         print(
