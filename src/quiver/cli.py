@@ -16,6 +16,9 @@ from quiver import __version__
 COMMAND_MODULES = [
     "quiver.commands.info",
     "quiver.commands.calibrate",
+    "quiver.commands.train_model",
+    "quiver.commands.serve",
+    "quiver.commands.bench",
 ]
 
 

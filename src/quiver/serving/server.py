@@ -1,0 +1,140 @@
+"""``quiver.Server``: a dataset, a checkpoint and an engine in one object, with optional HTTP.
+
+Example::
+
+    server = quiver.Server.from_dataset("data/products", "ckpt.pt")
+    with server:                                  # starts the engine (no HTTP)
+        print(server.predict([1, 2, 3]).values)
+    server.start(port=8000)                       # engine + HTTP on 127.0.0.1:8000
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from quiver.serving.config import ServeConfig
+from quiver.serving.engine import Engine
+
+log = logging.getLogger("quiver.serving")
+
+
+class Server:
+    """An in-process Quiver server around an ``Engine``.
+
+    Args:
+        engine: the configured engine (see :meth:`from_dataset` to build one).
+        info: a short description printed at start (what is served, which paths).
+    """
+
+    def __init__(self, engine: Engine, info: str = ""):
+        self.engine = engine
+        self.info = info
+        self.http = None
+
+    @classmethod
+    def from_dataset(
+        cls,
+        dataset_dir,
+        checkpoint,
+        cfg: ServeConfig | None = None,
+        fanouts=None,
+        seed: int | None = None,
+        feature_cache: str | int = 0,
+        hybrid: bool = True,
+    ) -> Server:
+        """Build a server for a prepared dataset and a ``quiver train-model`` checkpoint.
+
+        Args:
+            dataset_dir: a directory written by ``quiver prepare``.
+            checkpoint: a checkpoint written by ``quiver train-model``.
+            cfg: serving config (defaults: ``ServeConfig()``).
+            fanouts: sampling fanouts; default the checkpoint's (they match its layers).
+            seed: sampling seed (fix it for reproducible answers).
+            feature_cache: bytes of hot feature rows kept in RAM (FAP order) when the features
+                are served from the memory-mapped file; 0 keeps all rows as loaded.
+            hybrid: route batches by PSGS between CPU and GPU sampling when a GPU and a
+                calibration exist; otherwise sample on CPU threads.
+        """
+        import torch
+
+        from quiver.datasets import load_prepared
+        from quiver.models import load_checkpoint
+        from quiver.pyg import GraphSageSampler
+
+        ds = load_prepared(dataset_dir)
+        model, ckpt = load_checkpoint(checkpoint)
+        fanouts = list(fanouts or ckpt.get("fanouts") or ds.manifest.get("fanouts"))
+        if len(fanouts) != model.cfg.num_layers:
+            raise ValueError(
+                f"{len(fanouts)} fanouts given but the checkpoint's model has "
+                f"{model.cfg.num_layers} layers"
+            )
+        if model.cfg.in_dim != ds.features.shape[1]:
+            raise ValueError(
+                f"checkpoint expects {model.cfg.in_dim} features per node; the dataset has "
+                f"{ds.features.shape[1]}"
+            )
+        cfg = cfg or ServeConfig()
+        features = ds.features
+        if feature_cache:
+            from quiver.feature import Feature
+
+            features = Feature(
+                0, [], 0, csr_topo=ds.topo, sizes=fanouts, host_cache_size=feature_cache
+            ).from_mmap(Path(dataset_dir) / "features.npy")
+        sampler = None
+        path_info = "CPU sampling (numba threads)"
+        calib = ds.manifest.get("calibration")
+        if hybrid and torch.cuda.is_available() and calib:
+            from quiver.hybrid import HybridSampler
+
+            sampler = HybridSampler(ds.topo, fanouts, threshold=calib["threshold"], seed=seed)
+            path_info = f"hybrid CPU/GPU sampling, PSGS threshold {calib['threshold']:.0f}"
+        if sampler is None:
+            sampler = GraphSageSampler(ds.topo, fanouts, mode="CPU", seed=seed)
+            if hybrid and not torch.cuda.is_available():
+                path_info += "; no CUDA device, so no GPU path"
+        psgs_table = None
+        if cfg.max_batch_psgs is not None:
+            from quiver.workload import psgs
+
+            psgs_table = psgs(ds.topo, fanouts).numpy()
+        engine = Engine(sampler, features, model, ds.num_nodes, cfg, psgs_table=psgs_table)
+        name = ds.manifest.get("name", Path(dataset_dir).name)
+        info = (
+            f"{name}: {ds.num_nodes:,} nodes, {ds.topo.edge_count:,} edges; "
+            f"{model.cfg.kind} x{model.cfg.num_layers} fanouts {fanouts}; {path_info}"
+        )
+        return cls(engine, info)
+
+    def start(self, host: str = "127.0.0.1", port: int | None = None) -> Server:
+        """Start the engine; with ``port`` (0 = any free one) also serve HTTP."""
+        self.engine.start()
+        if port is not None and self.http is None:
+            from quiver.serving.app import create_app
+            from quiver.serving.http import HTTPThread
+
+            self.http = HTTPThread(create_app(self.engine), host, port).start()
+        return self
+
+    @property
+    def url(self) -> str | None:
+        return self.http.url if self.http else None
+
+    def predict(self, nodes, output: str = "class", timeout: float | None = 60.0):
+        """In-process prediction (see ``Engine.predict``)."""
+        return self.engine.predict(nodes, output, timeout)
+
+    def stop(self) -> None:
+        """Stop HTTP first (no new requests), then drain and stop the engine."""
+        if self.http is not None:
+            self.http.stop()
+            self.http = None
+        self.engine.stop()
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
