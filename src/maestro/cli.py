@@ -16,6 +16,8 @@ from maestro import __version__
 COMMAND_MODULES = [
     "maestro.commands.info",
     "maestro.commands.train",
+    "maestro.commands.simulate",
+    "maestro.commands.profile",
 ]
 
 

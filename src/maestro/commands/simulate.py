@@ -1,0 +1,150 @@
+"""``maestro simulate``: predict a step of a schedule at any scale and draw its Gantt chart."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+SCENARIOS = ("kd", "mllm", "mllm-audio")
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="replay a schedule on a cost model: step time, utilisation, bubbles, Gantt PNG",
+        description=(
+            "CONFIG is a paper-like scenario on analytical GPU presets (kd, mllm, mllm-audio) "
+            "or a run config TOML, simulated on a profile measured on this machine."
+        ),
+    )
+    p.add_argument("config", metavar="CONFIG", help="kd | mllm | mllm-audio | path/to/run.toml")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="ranks to simulate (scenarios: default 256; TOML: its sum of dp); "
+        "sections get dp proportional to their work when it differs",
+    )
+    p.add_argument(
+        "--scheduler",
+        default="all",
+        help="fifo | wavefront | monolithic | all (default: all, with ratios)",
+    )
+    p.add_argument("--gpu", default="H100", help="GPU preset for scenarios: H100 or H200")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=None,
+        help="global batch (scenarios: default 8 per GPU; TOML: its global_batch)",
+    )
+    p.add_argument(
+        "--text-only",
+        type=float,
+        default=0.4,
+        help="text-only share of the mllm scenario (default 0.4)",
+    )
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="JSON profile from `maestro profile` (TOML configs; measured now if omitted)",
+    )
+    p.add_argument(
+        "--monolithic-mbs",
+        type=int,
+        default=None,
+        help="whole-model micro-batch size of the monolithic baseline (default: "
+        "TOML's monolithic_micro_batch_size, else the smallest section's)",
+    )
+    p.add_argument(
+        "--gantt",
+        default="simulate.png",
+        help="Gantt chart PNG path; the scheduler name is added when several run",
+    )
+    p.add_argument("--no-gantt", action="store_true", help="do not draw a Gantt chart")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic batch")
+    p.set_defaults(func=run)
+
+
+def load_workload(args: argparse.Namespace):
+    """``(label, samples, sections, cost_model, monolithic_mbs)`` for the CLI arguments."""
+    from maestro.sim.scenarios import build, proportional_dp
+
+    if args.gpus is not None and args.gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {args.gpus}")
+    if args.config in SCENARIOS:
+        sc = build(args.config, args.gpus or 256, args.samples, args.gpu, args.seed, args.text_only)
+        return sc.name, sc.samples, sc.sections, sc.cost_model, args.monolithic_mbs
+    path = Path(args.config)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{path} does not exist (or give a scenario: {', '.join(SCENARIOS)})"
+        )
+    from maestro.config import load
+    from maestro.costmodel import MeasuredCostModel
+    from maestro.workloads import get_workload
+
+    cfg = load(path)
+    if args.samples is not None:
+        if args.samples < 1:
+            raise ValueError(f"--samples must be >= 1, got {args.samples}")
+        cfg.global_batch = args.samples
+    if args.profile is None:
+        from maestro.sim.profile import profile_config
+
+        print("profiling the sections on this machine (pass --profile to reuse one) ...")
+        cm = MeasuredCostModel.from_profile(profile_config(cfg))
+    else:
+        cm = MeasuredCostModel.from_profile(args.profile)
+    wl = get_workload(cfg)
+    graph = wl.graph(build=[])  # routing only: no weights needed
+    samples = wl.sample_infos(wl.batch(0), graph)
+    sections = cfg.section_specs()
+    if args.gpus is not None and args.gpus != cfg.world_size:
+        sections = proportional_dp(samples, sections, cm, args.gpus)
+    mbs = args.monolithic_mbs or cfg.monolithic_micro_batch_size
+    return path.stem, samples, sections, cm, mbs
+
+
+def run(args: argparse.Namespace) -> int:
+    import time
+
+    from maestro.schedule import SCHEDULERS, get_scheduler, monolithic_schedule
+    from maestro.sim import simulate
+    from maestro.sim.gantt import gantt
+
+    names = ["fifo", "wavefront", "monolithic"] if args.scheduler == "all" else [args.scheduler]
+    for n in names:
+        get_scheduler(n)  # ValueError lists the known names
+    label, samples, sections, cm, mono_mbs = load_workload(args)
+    world = sum(s.dp for s in sections)
+    print(
+        f"{label}: {len(samples)} samples on {world} ranks; "
+        + ", ".join(f"{s.name} dp={s.dp} mbs={s.micro_batch_size}" for s in sections)
+    )
+    results = {}
+    for n in names:
+        t = time.perf_counter()
+        if n == "monolithic":
+            sched = monolithic_schedule(samples, sections, cm, micro_batch_size=mono_mbs)
+        else:
+            sched = SCHEDULERS[n](samples, sections, cm)
+        t_sched = time.perf_counter() - t
+        t = time.perf_counter()
+        res = simulate(sched, samples, sections, cm, trace=not args.no_gantt)
+        t_sim = time.perf_counter() - t
+        results[n] = res
+        print(f"\n== {n} (schedule {t_sched:.2f} s, simulation {t_sim:.2f} s)")
+        print(res.table())
+        if not args.no_gantt:
+            out = Path(args.gantt)
+            if len(names) > 1:
+                out = out.with_name(f"{out.stem}_{n}{out.suffix or '.png'}")
+            gantt(res, out, title=f"{label} {n}")
+            print(f"gantt: {out}")
+    if len(results) > 1:
+        print()
+        base = results.get("wavefront")
+        for n, r in results.items():
+            if base is not None and n != "wavefront":
+                print(f"wavefront vs {n}: {r.step_time / base.step_time:.2f}x samples/s")
+    return 0
