@@ -173,3 +173,25 @@ def test_infinite_threshold_survives_json(tmp_path):
         read_calibration(tmp_path / "other.json")
     with pytest.raises(FileNotFoundError):
         read_calibration(tmp_path / "missing")
+
+
+def test_calibrate_cli_writes_manifest_and_plot(tmp_path, capsys):
+    from quiver.cli import main
+    from quiver.datasets import synthetic
+
+    d = tmp_path / "tiny"
+    synthetic("tiny", seed=0, out=d)
+    before = json.loads((d / "manifest.json").read_text())
+    rc = main(["calibrate", str(d), "--max-batch", "32", "--repeats", "1", "--device", "cpu"])
+    assert rc == 0
+    after = json.loads((d / "manifest.json").read_text())
+    assert {k: v for k, v in after.items() if k != "calibration"} == before
+    cal = read_calibration(d)
+    assert cal.sizes == before["fanouts"] and len(cal.points["cpu"]) > 5
+    assert (d / "calibration.png").read_bytes()[:4] == b"\x89PNG"
+    out = capsys.readouterr().out
+    assert "threshold" in out and "manifest.json" in out
+    # user mistakes: one line, exit code 2
+    assert main(["calibrate", str(tmp_path / "nope")]) == 2
+    assert main(["calibrate", str(d), "--sizes", "a,b"]) == 2
+    assert "error" in capsys.readouterr().err
