@@ -301,15 +301,18 @@ class CSRTopo:
             np.save(d / "eid.npy", self._eid.cpu().numpy())
         elif (d / "eid.npy").exists():
             (d / "eid.npy").unlink()
-        meta = {
+        meta = self._meta()
+        (d / _META).write_text(json.dumps(meta, indent=2) + "\n")
+        return d
+
+    def _meta(self) -> dict:
+        return {
             "format": "quiver.CSRTopo/1",
             "node_count": self.node_count,
             "edge_count": self.edge_count,
             "orientation": "in-neighbours (row = target)",
             "has_eid": self._eid is not None,
         }
-        (d / _META).write_text(json.dumps(meta, indent=2) + "\n")
-        return d
 
     @classmethod
     def load(cls, directory, mmap: bool = False, validate: bool = False) -> CSRTopo:

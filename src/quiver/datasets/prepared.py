@@ -1,0 +1,211 @@
+"""Prepared dataset directories: ``manifest.json`` plus ``.npy`` arrays, loadable memory-mapped.
+
+Layout::
+
+    manifest.json        name, source, shapes, dtypes, degree statistics, default fanouts, ...
+    indptr.npy indices.npy [eid.npy] topo.json     the CSRTopo (CSRTopo.save layout)
+    features.npy         [N, F] float32
+    labels.npy           [N] int64 (-1 = unlabelled)
+    split/train.npy split/valid.npy split/test.npy     int64 node ids
+
+Other tools add their own keys to the manifest (PSGS/FAP tables, calibration) with
+:func:`update_manifest`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from quiver.graph import CSRTopo
+
+__all__ = [
+    "MANIFEST",
+    "PreparedDataset",
+    "degree_stats",
+    "load_prepared",
+    "save_prepared",
+    "update_manifest",
+]
+
+MANIFEST = "manifest.json"
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass
+class PreparedDataset:
+    """A graph with node features, labels and splits.
+
+    Attributes:
+        topo: the in-neighbour CSR topology.
+        features: ``[N, F]`` float32 (a memory-mapped tensor when loaded with ``mmap=True``).
+        labels: ``[N]`` int64 class ids, ``-1`` where unknown.
+        splits: ``{"train", "valid", "test"}`` -> int64 node ids.
+        manifest: the metadata (``manifest.json``).
+        path: the directory it was loaded from, if any.
+    """
+
+    topo: CSRTopo
+    features: torch.Tensor
+    labels: torch.Tensor
+    splits: dict[str, torch.Tensor]
+    manifest: dict = field(default_factory=dict)
+    path: Path | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        return self.topo.node_count
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.manifest.get("num_classes", int(self.labels.max()) + 1))
+
+    def to_pyg(self):
+        """A ``torch_geometric.data.Data`` (x, y, edge_index in CSR order, split masks)."""
+        from torch_geometric.data import Data
+
+        data = Data(
+            x=self.features,
+            y=self.labels,
+            edge_index=self.topo.to_edge_index(),
+            num_nodes=self.num_nodes,
+        )
+        for name, idx in self.splits.items():
+            mask = torch.zeros(self.num_nodes, dtype=torch.bool)
+            mask[idx] = True
+            data[f"{name}_mask"] = mask
+        return data
+
+
+def degree_stats(indptr: np.ndarray) -> dict:
+    """In-degree statistics: min, median, mean, p99, max and the isolated share."""
+    deg = np.diff(np.asarray(indptr))
+    if deg.size == 0:
+        return {"min": 0, "median": 0.0, "mean": 0.0, "p99": 0.0, "max": 0, "isolated_share": 0.0}
+    return {
+        "min": int(deg.min()),
+        "median": float(np.median(deg)),
+        "mean": float(deg.mean()),
+        "p99": float(np.percentile(deg, 99)),
+        "max": int(deg.max()),
+        "isolated_share": float((deg == 0).mean()),
+    }
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def update_manifest(directory, **entries) -> dict:
+    """Merge ``entries`` into ``directory/manifest.json`` and return the new manifest."""
+    path = Path(directory) / MANIFEST
+    manifest = json.loads(path.read_text())
+    manifest.update(entries)
+    path.write_text(json.dumps(manifest, indent=2, default=_json_default) + "\n")
+    return manifest
+
+
+def save_prepared(
+    directory,
+    topo: CSRTopo,
+    features,
+    labels,
+    splits: dict,
+    manifest: dict,
+    in_place: tuple[str, ...] = (),
+) -> Path:
+    """Write a prepared dataset directory and its manifest.
+
+    Args:
+        directory: output directory (created).
+        topo: the topology.
+        features: ``[N, F]`` float array or tensor.
+        labels: ``[N]`` integer array or tensor (``-1`` = unlabelled).
+        splits: ``{"train"|"valid"|"test": ids}``.
+        manifest: extra metadata merged into the generated manifest.
+        in_place: arrays (``"indices"``, ``"features"``) already written to their ``.npy``
+            files in ``directory`` through memory maps; they are flushed, not rewritten.
+    """
+    d = Path(directory)
+    (d / "split").mkdir(parents=True, exist_ok=True)
+    n = topo.node_count
+    feats = features.numpy() if isinstance(features, torch.Tensor) else features
+    labs = labels.numpy() if isinstance(labels, torch.Tensor) else np.asarray(labels)
+    if feats.ndim != 2 or feats.shape[0] != n:
+        raise ValueError(f"features have shape {list(feats.shape)}, expected [{n}, F]")
+    if labs.shape != (n,):
+        raise ValueError(f"labels have shape {list(labs.shape)}, expected [{n}]")
+    if topo.device.type != "cpu":
+        topo = topo.to("cpu")
+    if "indices" in in_place:
+        # indices.npy was streamed to disk by the generator: add the rest of the CSRTopo layout
+        assert topo.eid is None
+        np.save(d / "indptr.npy", topo.indptr.numpy())
+        (d / "topo.json").write_text(json.dumps(topo._meta(), indent=2) + "\n")
+    else:
+        topo.save(d)
+    if "features" in in_place:
+        feats.flush()
+    else:
+        np.save(d / "features.npy", np.ascontiguousarray(feats, dtype=np.float32))
+    np.save(d / "labels.npy", labs.astype(np.int64, copy=False))
+    split_sizes = {}
+    for name in SPLITS:
+        ids = splits.get(name, np.empty(0, dtype=np.int64))
+        ids = ids.numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids, dtype=np.int64)
+        np.save(d / "split" / f"{name}.npy", ids.astype(np.int64, copy=False))
+        split_sizes[name] = int(ids.size)
+    labelled = labs[labs >= 0]
+    full = {
+        "format": "quiver.prepared/1",
+        "num_nodes": n,
+        "num_edges": topo.edge_count,
+        "num_features": int(feats.shape[1]),
+        "num_classes": int(labelled.max()) + 1 if labelled.size else 0,
+        "dtypes": {"indptr": "int64", "indices": "int64", "features": "float32", "labels": "int64"},
+        "split_sizes": split_sizes,
+        "degree": degree_stats(topo.indptr.numpy()),
+        "fanouts": [15, 10, 5],
+    }
+    full.update(manifest)
+    (d / MANIFEST).write_text(json.dumps(full, indent=2, default=_json_default) + "\n")
+    return d
+
+
+def load_prepared(directory, mmap: bool = True) -> PreparedDataset:
+    """Load a prepared dataset directory.
+
+    Args:
+        directory: written by ``quiver prepare`` or :func:`save_prepared`.
+        mmap: memory-map the topology and features (copy-on-write, O(1) memory to open).
+
+    Raises:
+        FileNotFoundError: the directory, its manifest or an array is missing.
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        raise FileNotFoundError(f"prepared dataset directory not found: {d}")
+    if not (d / MANIFEST).exists():
+        raise FileNotFoundError(f"{d} has no {MANIFEST}; create it with `quiver prepare`")
+    manifest = json.loads((d / MANIFEST).read_text())
+    for name in ("features.npy", "labels.npy"):
+        if not (d / name).exists():
+            raise FileNotFoundError(f"missing {name} in {d}")
+    topo = CSRTopo.load(d, mmap=mmap)
+    feats = np.load(d / "features.npy", mmap_mode="c" if mmap else None)
+    labels = torch.from_numpy(np.load(d / "labels.npy"))
+    splits = {}
+    for name in SPLITS:
+        p = d / "split" / f"{name}.npy"
+        splits[name] = (
+            torch.from_numpy(np.load(p)) if p.exists() else torch.empty(0, dtype=torch.long)
+        )
+    return PreparedDataset(topo, torch.from_numpy(feats), labels, splits, manifest, d)
