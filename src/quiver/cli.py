@@ -15,6 +15,7 @@ from quiver import __version__
 #: Command modules, in the order ``--help`` lists them. Add a line per new command.
 COMMAND_MODULES = [
     "quiver.commands.info",
+    "quiver.commands.prepare",
     "quiver.commands.calibrate",
     "quiver.commands.train_model",
     "quiver.commands.serve",
