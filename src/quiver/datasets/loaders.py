@@ -26,7 +26,9 @@ def _open_text(path: Path):
     return gzip.open(path, "rt") if path.suffix == ".gz" else open(path)
 
 
-def read_table(path, dtype, delimiter=",", ncols=None, comments="#", bar=None) -> np.ndarray:
+def read_table(
+    path, dtype, delimiter=",", ncols=None, comments="#", bar=None, skip_header=False
+) -> np.ndarray:
     """Read a (possibly gzipped) delimited numeric table into a ``[rows, cols]`` array.
 
     Args:
@@ -36,6 +38,7 @@ def read_table(path, dtype, delimiter=",", ncols=None, comments="#", bar=None) -
         ncols: expected column count (default: that of the first row).
         comments: lines starting with this are skipped (``None``: none).
         bar: optional tqdm bar updated with the number of rows read.
+        skip_header: skip the first line (a CSV header).
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
@@ -46,6 +49,9 @@ def read_table(path, dtype, delimiter=",", ncols=None, comments="#", bar=None) -
         raise FileNotFoundError(f"missing file: {path}")
     blocks, row0 = [], 0
     with _open_text(path) as f:
+        if skip_header:
+            f.readline()
+            row0 = 1
         while True:
             lines = [
                 ln
@@ -119,21 +125,12 @@ def load_edge_list(path, num_nodes: int | None = None, undirected: bool = False)
         with _open_text(path) as f:
             first = f.readline()
         header = bool(first) and not first.split(",")[0].strip().lstrip("-").isdigit()
-        edges = _read_csv_skipping(path, header)
+        edges = read_table(path, np.int64, delimiter=",", skip_header=header)
     elif kind == ".txt":
         edges = read_table(path, np.int64, delimiter=None)
     else:
         raise ValueError(f"{path.name}: unsupported edge list type; use .txt, .csv or .npy")
     return _edges_to_topo(edges, num_nodes, undirected, path.name)
-
-
-def _read_csv_skipping(path: Path, header: bool) -> np.ndarray:
-    # a header line is treated as a comment by giving it a unique prefix-free skip
-    if not header:
-        return read_table(path, np.int64, delimiter=",")
-    with _open_text(path) as f:
-        first = f.readline()
-    return read_table(path, np.int64, delimiter=",", comments=first.strip()[:1] or None)
 
 
 def _ogb_file(root: Path, *parts) -> Path:
