@@ -29,7 +29,7 @@ import torch.distributed as dist
 from maestro.config import TrainConfig
 from maestro.runtime.local import batch_to, make_optimizer
 from maestro.runtime.trace import Tracer
-from maestro.runtime.wire import TAG_ACTIVATION, TAG_GRADIENT, Transport
+from maestro.runtime.wire import Transport, message_tags
 from maestro.schedule import get_scheduler
 from maestro.schedule.types import SampleInfo, Schedule, SectionSpec
 from maestro.sections import Outputs
@@ -150,6 +150,9 @@ class MaestroWorker:
         sink = graph.is_sink(self.name)
         consumers = graph.consumers(self.name)
         grad_from = [c for c in consumers if not graph[c].frozen]
+        # one message stream per (source, step, direction): steps never mix, so a frozen
+        # producer may already send the next step's outputs
+        tag_act, tag_grad = message_tags(step)
         if self.optimizer is not None:
             self.optimizer.zero_grad(set_to_none=True)
         kept = []
@@ -166,9 +169,7 @@ class MaestroWorker:
                         col.append(None)
                         continue
                     with tr.span(f"recv {p}", "wait", mb=k):
-                        got = self.transport.get(
-                            self._rank_of(p, schedule, sid), TAG_ACTIVATION, sid
-                        )
+                        got = self.transport.get(self._rank_of(p, schedule, sid), tag_act, sid)
                     if needs_grad:
                         for t in got.values():
                             if t.is_floating_point():
@@ -187,13 +188,13 @@ class MaestroWorker:
                             dst = self._rank_of(c, schedule, sid)
                             by_dst.setdefault(dst, []).append((sid, o))
                     for dst, items in by_dst.items():
-                        self.transport.send(dst, TAG_ACTIVATION, items)
+                        self.transport.send(dst, tag_act, items, step)
             if sink:
                 with tr.span(f"{self.name} bwd", "backward", mb=k):
                     loss = torch.stack([o["loss"] for o in outs]).sum() / norm
                     loss.backward()
                 loss_total += loss.item()
-                self._send_input_grads(received, schedule)
+                self._send_input_grads(received, schedule, tag_grad, step)
             elif self.trainable:
                 kept.append((k, ids, outs, received))
         for k, ids, outs, received in kept:
@@ -202,18 +203,16 @@ class MaestroWorker:
                 for c in grad_from:
                     if c in active[sid]:
                         with tr.span(f"recv grad {c}", "wait", mb=k):
-                            g = self.transport.get(
-                                self._rank_of(c, schedule, sid), TAG_GRADIENT, sid
-                            )
+                            g = self.transport.get(self._rank_of(c, schedule, sid), tag_grad, sid)
                         for key, gt in g.items():
                             tensors.append(o[key])
                             grads.append(gt)
             with tr.span(f"{self.name} bwd", "backward", mb=k):
                 if tensors:
                     torch.autograd.backward(tensors, grads)
-            self._send_input_grads(received, schedule)
+            self._send_input_grads(received, schedule, tag_grad, step)
         with tr.span("flush sends", "wait"):
-            self.transport.flush()
+            self.transport.flush(before_step=step)
         assert not any(self.transport.inbox.values()), "unconsumed messages at end of step"
         if self.optimizer is not None:
             if self.group is not None:
@@ -223,13 +222,19 @@ class MaestroWorker:
                 self.optimizer.step()
         return loss_total
 
-    def _send_input_grads(self, received: list[tuple[str, int, Outputs]], schedule) -> None:
+    def _send_input_grads(
+        self, received: list[tuple[str, int, Outputs]], schedule: Schedule, tag: int, step: int
+    ) -> None:
         by_dst: dict[int, list[tuple[int, Outputs]]] = {}
         for p, sid, got in received:
             by_dst.setdefault(self._rank_of(p, schedule, sid), []).append((sid, _grads_of(got)))
         with self.tracer.span("send grads", "send"):
             for dst, items in by_dst.items():
-                self.transport.send(dst, TAG_GRADIENT, items)
+                self.transport.send(dst, tag, items, step)
+
+    def finish(self) -> None:
+        """Complete every outstanding send (call after the last step)."""
+        self.transport.flush()
 
     def state_dicts(self) -> dict[str, dict]:
         """``{section: state_dict}`` this rank is responsible for saving (replica 0 only)."""

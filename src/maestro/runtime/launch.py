@@ -13,6 +13,7 @@ import os
 import socket
 import tempfile
 import time
+from collections import deque
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -96,39 +97,52 @@ def _train(config, opts, rank, world, device) -> dict | None:
 
         mode = "monolithic" if opts.monolithic else "maestro"
         bar = tqdm(total=config.steps, desc=f"{mode} {config.workload}", unit="step")
-    losses: list[float] = []
-    # step 0 warms up (allocations, first messages): measure from its end when steps > 1
+    losses: list[float] = [0.0] * config.steps
+    # step 0 warms up (allocations, first messages): time from the start of step 1
     warm = 1 if config.steps > 1 else 0
     t_start, busy0 = time.time(), 0.0
     totals0: dict[str, float] = {}
-    busy_sum = torch.zeros(world, dtype=torch.float64)
+    # Loss statistics are all-reduced asynchronously and waited one step later, so a rank
+    # never waits for the others at a step boundary: a frozen section (no dependency on its
+    # consumers) runs ahead into the next step, bounded to one step of lookahead.
+    pending: deque = deque()
+
+    def finish_oldest() -> None:
+        step, stats, work = pending.popleft()
+        work.wait()
+        losses[step] = float(stats[0])
+        if bar is not None:
+            if step >= warm:
+                elapsed = max(time.time() - t_start, 1e-9)
+                busy = _per_section(sections, stats[1:].cpu() / elapsed)
+                rate = (step + 1 - warm) * config.global_batch / elapsed
+                bar.set_postfix_str(
+                    f"loss={losses[step]:.4f} samples/s={rate:.1f} "
+                    + " ".join(f"{n}={b:.0%}" for n, b in busy.items())
+                )
+            bar.update(1)
+
     for step in range(config.steps):
+        if step == warm:
+            t_start, busy0, totals0 = time.time(), tracer.busy, dict(tracer.totals)
         loss = worker.step(step)
         stats = torch.zeros(world + 1, dtype=torch.float64, device=device)
         stats[0] = loss
         stats[1 + rank] = tracer.busy - busy0
-        dist.all_reduce(stats)
-        losses.append(float(stats[0]))
-        if step + 1 == warm:
-            t_start, busy0 = time.time(), tracer.busy
-            totals0 = dict(tracer.totals)
-        else:
-            busy_sum = stats[1:].cpu()
-            if bar is not None:
-                elapsed = time.time() - t_start
-                busy = _per_section(sections, busy_sum / max(elapsed, 1e-9))
-                rate = (step + 1 - warm) * config.global_batch / elapsed
-                bar.set_postfix_str(
-                    f"loss={losses[-1]:.4f} samples/s={rate:.1f} "
-                    + " ".join(f"{n}={b:.0%}" for n, b in busy.items())
-                )
-        if bar is not None:
-            bar.update(1)
+        pending.append((step, stats, dist.all_reduce(stats, async_op=True)))
+        while len(pending) > 1:
+            finish_oldest()
+    while pending:
+        finish_oldest()
+    worker.finish()
+    elapsed = time.time() - t_start
     if bar is not None:
         bar.close()
-    elapsed = time.time() - t_start
     measured_steps = config.steps - warm
-    busy_frac = _per_section(sections, busy_sum / max(elapsed, 1e-9))
+    busy_all = torch.zeros(world, dtype=torch.float64, device=device)
+    busy_all[rank] = tracer.busy - busy0
+    dist.all_reduce(busy_all)
+    busy_frac = _per_section(sections, busy_all.cpu() / max(elapsed, 1e-9))
 
     totals = {c: v - totals0.get(c, 0.0) for c, v in tracer.totals.items()}
     all_totals = [None] * world

@@ -67,6 +67,9 @@ class MonolithicWorker:
                 o.step()
         return total
 
+    def finish(self) -> None:
+        """Nothing outstanding: every collective completed within its step."""
+
     def state_dicts(self) -> dict[str, dict]:
         """Every section's weights (saved by rank 0)."""
         return {s.name: s.module.state_dict() for s in self.graph} if self.rank == 0 else {}

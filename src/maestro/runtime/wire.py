@@ -21,8 +21,10 @@ _CODE = {dt: i for i, dt in enumerate(DTYPES)}
 #: tensors start at multiples of this many bytes so they can be viewed in place
 ALIGN = 8
 
-TAG_ACTIVATION = 1
-TAG_GRADIENT = 2
+
+def message_tags(step: int) -> tuple[int, int]:
+    """``(activation tag, gradient tag)`` of a training step."""
+    return 2 * step + 1, 2 * step + 2
 
 
 def pack(
@@ -95,7 +97,7 @@ class Transport:
         self.on_wait = on_wait
         self.bytes_sent = 0
 
-    def send(self, dst: int, tag: int, items: Sequence[tuple[int, Outputs]]) -> None:
+    def send(self, dst: int, tag: int, items: Sequence[tuple[int, Outputs]], step: int = 0) -> None:
         """Asynchronously send ``[(sample_id, outputs)]`` to rank ``dst`` as one message."""
         header, payload = pack(items, self.device)
         size = torch.tensor(
@@ -103,7 +105,7 @@ class Transport:
         )
         for t in (size, header, payload):
             if t.numel():
-                self.pending.append((dist.isend(t, dst, tag=tag), t))
+                self.pending.append((step, dist.isend(t, dst, tag=tag), t))
         self.bytes_sent += payload.numel()
 
     def _recv_message(self, src: int, tag: int) -> None:
@@ -127,8 +129,13 @@ class Transport:
             self._recv_message(src, tag)
         return box.pop(sample_id)
 
-    def flush(self) -> None:
-        """Wait until every send has completed."""
-        while self.pending:
-            work, _ = self.pending.popleft()
+    def flush(self, before_step: int | None = None) -> None:
+        """Wait until every send (of the steps before ``before_step``, if given) has completed.
+
+        A gloo send completes only once its receiver has posted the matching receive, so a
+        producer that flushed its own step's sends would wait for its consumers to catch up;
+        flushing only earlier steps lets it run one step ahead.
+        """
+        while self.pending and (before_step is None or self.pending[0][0] < before_step):
+            _, work, _ = self.pending.popleft()
             work.wait()
