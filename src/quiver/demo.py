@@ -1,22 +1,146 @@
 """``make demo`` for Quiver: runs each capability that exists, on an embedded default.
 
-Add a step to ``STEPS`` per capability; each is a function that prints its own results.
+Add a step to ``STEPS`` per capability; each is a function of a scratch directory (removed at
+the end) that prints its own results. Steps share data through helpers like ``small_dataset``.
 """
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import time
+from pathlib import Path
 
 
-def _info() -> None:
+def _info(work: Path) -> None:
     from quiver.cli import main as cli_main
 
     cli_main(["info"])
 
 
+def small_dataset(work: Path) -> Path:
+    """The demo's dataset: the ``small`` preset, generated once into ``work/small``."""
+    d = work / "small"
+    if not (d / "manifest.json").exists():
+        from quiver.datasets import synthetic
+
+        synthetic("small", seed=0, out=d)
+    return d
+
+
+def _workload_and_features(work: Path) -> None:
+    """PSGS and FAP on the ``small`` preset; FAP vs degree vs random placement; PSGS routing."""
+    import numpy as np
+    import torch
+
+    from quiver.datasets import load_prepared
+    from quiver.feature import Feature
+    from quiver.hybrid import HybridSampler
+    from quiver.pyg import GraphSageSampler
+    from quiver.serving.loadgen import RequestMix
+    from quiver.workload import psgs
+
+    ds = load_prepared(small_dataset(work))
+    topo, x, sizes = ds.topo, torch.as_tensor(np.asarray(ds.features)), [15, 10, 5]
+    table = psgs(topo, sizes)
+    print(
+        f"   PSGS {sizes}: min {table.min():.0f}, median {table.median():.0f}, "
+        f"max {table.max():.0f} expected sampled nodes per seed"
+    )
+    # a skewed request stream; FAP is computed from a log of earlier requests of the same kind
+    mix = RequestMix(topo.node_count, 1, 16, zipf=1.1)
+    log = np.concatenate(mix.draw(500, seed=1))
+    requests = mix.draw(300, seed=2)
+    sampler = GraphSageSampler(topo, sizes, seed=0)
+    cache = int(0.1 * topo.node_count) * x.shape[1] * 4
+    for placement in ("fap", "degree", "random"):
+        f = Feature(
+            0,
+            ["cpu"],
+            cache,
+            csr_topo=topo,
+            placement=placement,
+            sizes=sizes,
+            seed_prob=log if placement == "fap" else None,
+        ).from_cpu_tensor(x)
+        for nodes in requests:
+            f[sampler.sample(torch.tensor(sorted(set(nodes))))[0]]
+        print(
+            f"   10% cache, {placement:<6} placement: hit rate {f.stats()['share']['device']:.1%}"
+        )
+    hybrid = HybridSampler(topo, sizes, threshold=20_000, gpu_device="cpu", psgs_table=table)
+    for n in (4, 256):
+        seeds = torch.randperm(topo.node_count)[:n]
+        path, p = hybrid.route(seeds)
+        print(f"   batch of {n:>3} seeds: PSGS {p:>9,.0f} -> {path} path (threshold 20,000)")
+
+
+def _serve(work: Path) -> None:
+    """Train a GraphSAGE briefly, serve it with ``quiver serve`` (its own process) on loopback,
+    and run a short open-loop load against it over HTTP."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    from quiver.datasets import load_prepared
+    from quiver.serving import loadgen
+    from quiver.training import TrainConfig, train_model
+
+    d = small_dataset(work)
+    ckpt = work / "sage.pt"
+    cfg = TrainConfig(fanouts=(10, 5), epochs=3, batch_size=128)
+    _, rep = train_model(load_prepared(d), cfg, out=ckpt, progress=False)
+    print(
+        f"   trained GraphSAGE: val acc {rep.val_acc:.3f} (features-only MLP "
+        f"{rep.mlp_val_acc:.3f}) in {rep.seconds:.1f} s"
+    )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "quiver.cli", "serve", str(d), "--checkpoint", str(ckpt)]
+    server = subprocess.Popen(
+        cmd + ["--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                httpx.get(f"{url}/healthz", timeout=2)
+                break
+            except httpx.HTTPError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"quiver serve did not start: {server.stdout.read()}"
+                    ) from None
+                time.sleep(0.3)
+        print(f"   $ quiver serve {d.name} --checkpoint {ckpt.name} --port {port}")
+
+        async def target():
+            client = httpx.AsyncClient(base_url=url, timeout=30)
+            return loadgen.http_target(client), client.aclose
+
+        mix = loadgen.RequestMix(2000, 1, 64)
+        res = loadgen.sweep(target, mix, [25, 50, 100], duration_s=3.0, progress=False)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        out, _ = server.communicate(timeout=60)
+    print(loadgen.format_table({"quiver": res}))
+    print(
+        f"   sustained at p99 <= 30 ms: {loadgen.sustained_rps(res, 30.0):.0f} requests/s "
+        "(HTTP on loopback; load generator and server share the 2 cores)"
+    )
+    print("   " + out.strip().splitlines()[-1])
+
+
 #: (title, function) pairs run in order by ``make demo``.
 STEPS = [
     ("environment", _info),
+    ("workload metrics, feature store, PSGS routing", _workload_and_features),
+    ("serving: train, serve over HTTP, open-loop load", _serve),
 ]
 
 
@@ -24,11 +148,15 @@ def main() -> int:
     from quiver import __version__
 
     print(f"== Quiver {__version__} demo")
-    for title, fn in STEPS:
-        t0 = time.perf_counter()
-        print(f"\n-- {title}")
-        fn()
-        print(f"   ({time.perf_counter() - t0:.1f} s)")
+    work = Path(tempfile.mkdtemp(prefix="quiver-demo-"))
+    try:
+        for title, fn in STEPS:
+            t0 = time.perf_counter()
+            print(f"\n-- {title}")
+            fn(work)
+            print(f"   ({time.perf_counter() - t0:.1f} s)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

@@ -158,7 +158,10 @@ class Engine:
 
     def feature_stats(self) -> dict:
         stats = getattr(self.features, "stats", None)
-        return dict(stats()) if callable(stats) else {}
+        if not callable(stats):
+            return {}
+        st = stats()
+        return dict(st.get("rows", st))  # quiver.Feature nests rows per tier under "rows"
 
     # ---- stages ----------------------------------------------------------------------------
     def _batch_loop(self) -> None:
