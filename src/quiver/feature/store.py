@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from quiver.feature.cliques import clique_of, detect_cliques
-from quiver.feature.gather import RowGather, as_words
+from quiver.feature.gather import RowGather, as_words, split_by_tier
 from quiver.feature.placement import PLACEMENTS, hot_order
 from quiver.feature.sizes import parse_bytes
 from quiver.feature.tiers import CliqueTier, DiskTier, HostTier, ReplicatedTier, Tier
@@ -131,7 +131,6 @@ class Feature:
         self.tiers: list[Tier] = []
         self._shape: tuple[int, int] | None = None
         self._dtype: torch.dtype | None = None
-        self._pos: dict[torch.device, torch.Tensor] = {}
         self._counts = np.zeros(0, dtype=np.int64)
 
     # ---------------------------------------------------------------------- building
@@ -201,8 +200,9 @@ class Feature:
         pos = torch.empty(n, dtype=torch.int64)
         pos[perm] = torch.arange(n)
         self._perm = perm
-        self._pos = {torch.device("cpu"): pos}
-        self._stops = torch.tensor([t.stop for t in self.tiers], dtype=torch.int64)
+        self._pos_np = pos.numpy()
+        self._starts = np.array([t.start for t in self.tiers], dtype=np.int64)
+        self._stops = np.array([t.stop for t in self.tiers], dtype=np.int64)
         self._counts = np.zeros(len(self.tiers), dtype=np.int64)
         assert self.tiers[-1].stop == n and self.tiers[0].start == 0
 
@@ -291,12 +291,6 @@ class Feature:
         if self._shape is None:
             raise ValueError("Feature holds no rows yet: call from_cpu_tensor() or from_mmap()")
 
-    def _positions(self, ids: torch.Tensor) -> torch.Tensor:
-        pos = self._pos.get(ids.device)
-        if pos is None:
-            pos = self._pos[ids.device] = self._pos[torch.device("cpu")].to(ids.device)
-        return pos[ids]
-
     def __getitem__(self, n_id) -> torch.Tensor:
         """Rows of the node ids ``n_id`` (1-D ints), in request order, on :attr:`device`.
 
@@ -317,26 +311,15 @@ class Feature:
         out = torch.empty((ids.numel(), dim), dtype=self._dtype, device=self.device)
         if ids.numel() == 0:
             return out
-        ids = ids.to(torch.int64)
-        lo, hi = int(ids.min()), int(ids.max())
-        if lo < 0 or hi >= n:
-            raise ValueError(f"node ids must lie in [0, {n}); got min {lo}, max {hi}")
-        pos = self._positions(ids).cpu()
-        if len(self.tiers) == 1:
-            self.tiers[0].read_into(pos, out, torch.arange(ids.numel()))
-            self._counts[0] += ids.numel()
-            return out
-        tier_of = torch.searchsorted(self._stops, pos, right=True)  # [B] tier index
-        counts = torch.bincount(tier_of, minlength=len(self.tiers)).numpy()
+        ids_np = np.ascontiguousarray(ids.detach().cpu().numpy(), dtype=np.int64)
+        sel, local, offsets, bad = split_by_tier(ids_np, self._pos_np, self._starts, self._stops)
+        if bad >= 0:
+            raise ValueError(f"node ids must lie in [0, {n}); got {int(ids_np[bad])}")
         for t, tier in enumerate(self.tiers):
-            if counts[t] == 0:
-                continue
-            if counts[t] == ids.numel():
-                sel = torch.arange(ids.numel())
-            else:
-                sel = (tier_of == t).nonzero().squeeze(1)
-            tier.read_into(pos[sel] - tier.start, out, sel)
-        self._counts += counts
+            a, b = int(offsets[t]), int(offsets[t + 1])
+            if b > a:
+                tier.read_into(local[a:b], out, sel[a:b])
+        self._counts += np.diff(offsets)
         return out
 
     # ------------------------------------------------------------------------- stats

@@ -31,8 +31,8 @@ class Tier:
     def num_rows(self) -> int:
         return self.stop - self.start
 
-    def read_into(self, local: torch.Tensor, out: torch.Tensor, sel: torch.Tensor) -> None:
-        """``out[sel] = rows[local]``; ``local`` and ``sel`` are int64 of equal length."""
+    def read_into(self, local: np.ndarray, out: torch.Tensor, sel: np.ndarray) -> None:
+        """``out[sel] = rows[local]``; ``local`` and ``sel`` are int64 arrays of equal length."""
         raise NotImplementedError
 
     def nbytes(self) -> int:
@@ -53,7 +53,8 @@ class ReplicatedTier(Tier):
 
     def read_into(self, local, out, sel):
         src = self.replicas[out.device]
-        out.index_copy_(0, sel.to(out.device), src.index_select(0, local.to(src.device)))
+        local_t = torch.from_numpy(local).to(src.device)
+        out.index_copy_(0, torch.from_numpy(sel).to(out.device), src.index_select(0, local_t))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.replicas.values())
@@ -76,11 +77,12 @@ class CliqueTier(Tier):
     def read_into(self, local, out, sel):
         for _, lo, hi, t in self.shards:
             m = (local >= lo) & (local < hi)
-            if not bool(m.any()):
+            if not m.any():
                 continue
-            rows = t.index_select(0, (local[m] - lo).to(t.device))
+            rows = t.index_select(0, torch.from_numpy(local[m] - lo).to(t.device))
             # a peer read: on CUDA this copies over NVLink into the output's device
-            out.index_copy_(0, sel[m].to(out.device), rows.to(out.device, non_blocking=True))
+            dst = torch.from_numpy(sel[m]).to(out.device)
+            out.index_copy_(0, dst, rows.to(out.device, non_blocking=True))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for *_, t in self.shards)
@@ -99,16 +101,17 @@ class _CpuRowsTier(Tier):
         return local
 
     def read_into(self, local, out, sel):
-        src_rows = self._source_rows(local.cpu().numpy())
+        src_rows = self._source_rows(local)
         if out.device.type == "cpu":
-            self.gather(self.words, src_rows, as_words(out.numpy()), sel.cpu().numpy())
+            self.gather(self.words, src_rows, as_words(out.numpy()), sel)
             return
         # GPU output: gather on the CPU into pinned staging, then one async copy.
         staging = torch.empty(
             (len(src_rows), out.shape[1]), dtype=out.dtype, pin_memory=self.pinned
         )
         self.gather(self.words, src_rows, as_words(staging.numpy()), np.arange(len(src_rows)))
-        out.index_copy_(0, sel.to(out.device), staging.to(out.device, non_blocking=True))
+        dst = torch.from_numpy(sel).to(out.device)
+        out.index_copy_(0, dst, staging.to(out.device, non_blocking=True))
 
 
 class HostTier(_CpuRowsTier):
