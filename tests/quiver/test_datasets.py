@@ -62,7 +62,11 @@ def test_streaming_build_equals_in_memory_csr(tmp_path):
     def alloc(name, shape, dtype):
         return np.lib.format.open_memmap(tmp_path / f"{name}.npy", "w+", dtype, shape)
 
-    indptr, indices = build_csr(lambda: iter(chunks), 300, alloc)
+    indptr, indices = build_csr(iter(chunks), 300, alloc)
+    # a budget of a few hundred bytes spills every bucket to disk: same result
+    indptr2, indices2 = build_csr(iter(chunks), 300, memory_budget=800, spill_dir=tmp_path)
+    assert np.array_equal(indptr, indptr2) and np.array_equal(indices, indices2)
+    assert not list(tmp_path.glob("csr-spill-*")), "spill files are removed"
     ref = CSRTopo.from_edge_index(
         np.stack([np.concatenate([c[0] for c in chunks]), np.concatenate([c[1] for c in chunks])]),
         num_nodes=300,

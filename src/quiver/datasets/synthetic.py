@@ -170,7 +170,7 @@ class _ClassIndex:
 
 
 def _edge_stream(p: Preset, seed: int, labels: np.ndarray, index: _ClassIndex, chunk: int):
-    """Replayable stream: R-MAT edges (partly rewired to same-class sources), then floor edges."""
+    """Edge stream: R-MAT edges (partly rewired to same-class sources), then floor edges."""
     perm = node_permutation(p.num_nodes, seed)
     rm = p.rmat
 
@@ -281,7 +281,7 @@ def synthetic(
 
             for b in bars.values():
                 b.close()
-            what = "count" if pass_no == 1 else "place"
+            what = "generate" if pass_no == 1 else "place"
             bars[pass_no] = tqdm(
                 total=p.num_edges,
                 desc=f"{p.name}: edges ({what})",
@@ -291,7 +291,7 @@ def synthetic(
             )
         bars[pass_no].update(m)
 
-    indptr, indices = build_csr(stream, p.num_nodes, alloc, on_chunk)
+    indptr, indices = build_csr(stream, p.num_nodes, alloc, on_chunk, spill_dir=d)
     for b in bars.values():
         b.close()
     t_graph = time.perf_counter() - t0
