@@ -148,3 +148,24 @@ def test_invalid_ids_rejected_at_admission(world):
         with pytest.raises(ValueError, match="out of range"):
             eng.submit([topo.node_count])
         assert eng.predict([0]).values.shape == (1,)
+
+
+def test_a_dead_worker_thread_is_restarted_and_its_batch_answered(world):
+    class Killer:
+        calls = 0
+
+        def sample(self, seeds):
+            Killer.calls += 1
+            if Killer.calls == 1:
+                raise SystemExit("worker killed")  # ends the thread, not just the batch
+            return world.sampler.sample(seeds)
+
+    cfg = ServeConfig(max_wait_ms=0, num_sampler_workers=1)
+    with Engine(Killer(), world.x, world.model, world.n, cfg) as eng:
+        with pytest.raises(RuntimeError, match="sampler thread died"):
+            eng.predict([1, 2], timeout=10)
+        # the only sampler thread died; the supervisor restarts it and serving goes on
+        for _ in range(3):
+            assert eng.predict([3], timeout=10).values.shape == (1,)
+    text = eng.metrics.render().decode()
+    assert 'quiver_thread_restarts_total{stage="sampler"} 1.0' in text

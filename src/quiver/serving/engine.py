@@ -94,33 +94,60 @@ class Engine:
         self.recorded: list[tuple] = []
         self._sample_q: queue.Queue = queue.Queue(maxsize=self.cfg.pipeline_depth)
         self._model_q: queue.Queue = queue.Queue(maxsize=self.cfg.pipeline_depth)
-        self._threads: list[threading.Thread] = []
+        self._roles: dict = {}
+        self._threads: dict[str, threading.Thread] = {}
+        self._done: set[str] = set()
+        self._supervisor: threading.Thread | None = None
+        self._model_stops = 0
         self._started = False
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> Engine:
-        """Start the stage threads (idempotent)."""
+        """Start the stage threads and their supervisor (idempotent)."""
         if self._started:
             return self
         torch.set_num_threads(self.cfg.torch_threads)
-        self._threads = [threading.Thread(target=self._batch_loop, name="quiver-batcher")]
-        self._threads += [
-            threading.Thread(target=self._sample_loop, name=f"quiver-sampler-{i}")
-            for i in range(self.cfg.num_sampler_workers)
-        ]
-        self._threads.append(threading.Thread(target=self._model_loop, name="quiver-model"))
-        for t in self._threads:
-            t.daemon = True
-            t.start()
+        self._roles = {"batcher": self._batch_loop, "model": self._model_loop}
+        for i in range(self.cfg.num_sampler_workers):
+            self._roles[f"sampler-{i}"] = self._sample_loop
+        for name in self._roles:
+            self._spawn(name)
+        self._supervisor = threading.Thread(
+            target=self._supervise, name="quiver-supervisor", daemon=True
+        )
+        self._supervisor.start()
         self._started = True
         return self
+
+    def _spawn(self, name: str) -> None:
+        loop = self._roles[name]
+
+        def run():
+            loop()
+            self._done.add(name)  # a normal exit, after the shutdown sentinel
+
+        t = threading.Thread(target=run, name=f"quiver-{name}", daemon=True)
+        self._threads[name] = t
+        t.start()
+
+    def _supervise(self) -> None:
+        """Restart any stage thread that died (its batch was already answered with the error)."""
+        while len(self._done) < len(self._roles):
+            time.sleep(0.05)
+            for name, t in list(self._threads.items()):
+                if not t.is_alive() and name not in self._done:
+                    log.error("serving thread %s died; restarting it", name)
+                    self.metrics.restarts.labels(name.split("-")[0]).inc()
+                    self._spawn(name)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop admitting, answer every admitted request, then join the threads."""
         self.batcher.close()
         deadline = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        while len(self._done) < len(self._roles) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if self._supervisor is not None:
+            self._supervisor.join(max(0.0, deadline - time.monotonic()))
         self._started = False
 
     def __enter__(self) -> Engine:
@@ -186,6 +213,9 @@ class Engine:
             except Exception as e:  # one bad batch answers its requests with the error
                 log.exception("sampling failed for a batch of %d requests", len(batch.requests))
                 self._fail(batch, e)
+            except BaseException as e:  # the thread dies: answer first, the supervisor restarts it
+                self._fail(batch, RuntimeError(f"sampler thread died: {e!r}"))
+                raise
 
     def _sample(self, batch: Batch) -> _Sampled:
         unique, inverse = np.unique(batch.seeds, return_inverse=True)
@@ -203,17 +233,19 @@ class Engine:
         return _Sampled(batch, inverse, x, adjs, str(path))
 
     def _model_loop(self) -> None:
-        stops = 0
-        while stops < self.cfg.num_sampler_workers:
+        while self._model_stops < self.cfg.num_sampler_workers:
             item = self._model_q.get()
             if item is _STOP:
-                stops += 1
+                self._model_stops += 1
                 continue
             try:
                 self._run_model(item)
             except Exception as e:
                 log.exception("model failed for a batch of %d requests", len(item.batch.requests))
                 self._fail(item.batch, e)
+            except BaseException as e:
+                self._fail(item.batch, RuntimeError(f"model thread died: {e!r}"))
+                raise
 
     def _run_model(self, s: _Sampled) -> None:
         batch = s.batch

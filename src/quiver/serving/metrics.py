@@ -82,6 +82,12 @@ class EngineMetrics:
             ["path", "closed_by"],
             registry=r,
         )
+        self.restarts = Counter(
+            "quiver_thread_restarts",
+            "Serving threads restarted after dying, by stage",
+            ["stage"],
+            registry=r,
+        )
         if engine is not None:
             r.register(_LiveGauges(engine))
 
