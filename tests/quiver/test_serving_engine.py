@@ -150,6 +150,7 @@ def test_invalid_ids_rejected_at_admission(world):
         assert eng.predict([0]).values.shape == (1,)
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_dead_worker_thread_is_restarted_and_its_batch_answered(world):
     class Killer:
         calls = 0
