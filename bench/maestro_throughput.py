@@ -60,7 +60,7 @@ def memory_estimate(cfg: C.TrainConfig, sections: list[str], mbs: int) -> float:
                 )
             )
         elif name == "llm":
-            seq = m.seq_len_max + m.image_patches + m.audio_frames
+            seq = m.seq_len_max + m.image_patches // m.image_pool + m.audio_frames
             total += (
                 mbs * seq * act_bytes_per_token(m.llm_dim, m.llm_layers, m.heads, seq, m.vocab_size)
             )

@@ -168,6 +168,9 @@ class MLLMConfig:
     """Patches per image (image tokens given to the LLM)."""
     patch_dim: int = 48
     """Values per patch (e.g. 4x4 pixels x 3 channels)."""
+    image_pool: int = 1
+    """Patches merged into one LLM token (mean of consecutive patches, like a 2x2 merge = 4);
+    must divide ``image_patches``."""
     audio_dim: int = 64
     """Audio encoder width (used when the mix has audio)."""
     audio_layers: int = 1
@@ -188,13 +191,33 @@ class MLLMConfig:
                 f"{where}.seq_len_min/seq_len_max: need 2 <= min <= max, "
                 f"got {self.seq_len_min}, {self.seq_len_max}"
             )
-        for f in ("vocab_size", "llm_dim", "llm_layers", "heads", "vision_dim", "vision_layers"):
+        for f in (
+            "vocab_size",
+            "llm_dim",
+            "llm_layers",
+            "heads",
+            "vision_dim",
+            "vision_layers",
+            "image_patches",
+            "patch_dim",
+            "audio_dim",
+            "audio_layers",
+            "audio_frames",
+            "frame_dim",
+        ):
             if getattr(self, f) < 1:
                 raise ValueError(f"{where}.{f} must be >= 1, got {getattr(self, f)}")
         for f in ("llm_dim", "vision_dim", "audio_dim"):
             if getattr(self, f) % self.heads:
                 raise ValueError(f"{where}.{f} must be a multiple of heads={self.heads}")
+        if self.image_pool < 1 or self.image_patches % self.image_pool:
+            raise ValueError(
+                f"{where}.image_pool must be >= 1 and divide image_patches="
+                f"{self.image_patches}, got {self.image_pool}"
+            )
         for k, v in self.mix.items():
+            if not isinstance(v, (int, float)):
+                raise ValueError(f"{where}.mix.{k} must be a number, got {v!r}")
             if k not in self.KINDS:
                 raise ValueError(f"{where}.mix: unknown kind {k!r}; kinds: {', '.join(self.KINDS)}")
             if v < 0:

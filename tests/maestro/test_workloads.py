@@ -200,3 +200,18 @@ def test_example_workloads_build_and_run_one_sample(name):
     g = wl.graph()
     batch = wl.batch(0)[:2]
     assert torch.isfinite(compound_loss(g, batch))
+
+
+def test_image_pool_merges_patches_into_fewer_llm_tokens():
+    cfg = C.loads(MLLM.replace("patch_dim = 6", "patch_dim = 6\nimage_pool = 3"))
+    wl = get_workload(cfg)
+    g = wl.graph()
+    batch = wl.batch(0)
+    s = next(x for x in batch if "image" in x)
+    (out,) = g["vision"].run([s], {})
+    assert out["embeds"].shape == (1, 8)  # 3 patches -> 1 token of llm_dim
+    info = wl.sample_infos([s], g)[0]
+    assert info.cost["tokens"] == s["tokens"].numel() + 1 + 2 * info.cost["audio"]
+    assert torch.isfinite(compound_loss(g, batch))
+    with pytest.raises(ValueError, match=r"workload\.image_pool must be >= 1 and divide"):
+        C.loads(MLLM.replace("patch_dim = 6", "patch_dim = 6\nimage_pool = 2"))

@@ -80,12 +80,23 @@ class Encoder(nn.Module):
         heads: attention heads.
         num_tokens: patches/frames per item (learned positions).
         out_dim: LLM width.
+        pool: merge this many consecutive output tokens into one (mean) before the projector,
+            as MLLMs merge 2x2 patches, so the LLM sees ``num_tokens / pool`` tokens per item.
     """
 
     def __init__(
-        self, in_dim: int, dim: int, layers: int, heads: int, num_tokens: int, out_dim: int
+        self,
+        in_dim: int,
+        dim: int,
+        layers: int,
+        heads: int,
+        num_tokens: int,
+        out_dim: int,
+        pool: int = 1,
     ) -> None:
         super().__init__()
+        assert num_tokens % pool == 0, "pool must divide num_tokens"
+        self.pool = pool
         self.embed = nn.Linear(in_dim, dim)
         self.pos = nn.Parameter(torch.zeros(num_tokens, dim))
         nn.init.normal_(self.pos, std=0.02)
@@ -94,11 +105,15 @@ class Encoder(nn.Module):
         self.proj = nn.Sequential(nn.Linear(dim, out_dim), nn.GELU(), nn.Linear(out_dim, out_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, P, in_dim) -> (B, P, out_dim) tokens for the LLM."""
+        """(B, P, in_dim) -> (B, P / pool, out_dim) tokens for the LLM."""
         x = self.embed(x) + self.pos
         for blk in self.blocks:
             x = blk(x)
-        return self.proj(self.ln(x))
+        x = self.ln(x)
+        if self.pool > 1:
+            b, p, d = x.shape
+            x = x.view(b, p // self.pool, self.pool, d).mean(2)
+        return self.proj(x)
 
 
 def pad_stack(seqs: list[torch.Tensor], value: float | int = 0) -> torch.Tensor:

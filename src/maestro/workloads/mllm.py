@@ -44,13 +44,19 @@ class MLLMWorkload(Workload):
         c = self.cfg
         if name == "vision":
             return Encoder(
-                c.patch_dim, c.vision_dim, c.vision_layers, c.heads, c.image_patches, c.llm_dim
+                c.patch_dim,
+                c.vision_dim,
+                c.vision_layers,
+                c.heads,
+                c.image_patches,
+                c.llm_dim,
+                pool=c.image_pool,
             )
         if name == "audio":
             return Encoder(
                 c.frame_dim, c.audio_dim, c.audio_layers, c.heads, c.audio_frames, c.llm_dim
             )
-        max_len = c.seq_len_max + c.image_patches + c.audio_frames
+        max_len = c.seq_len_max + c.image_patches // c.image_pool + c.audio_frames
         return Decoder(c.vocab_size, c.llm_dim, c.llm_layers, c.heads, max_len)
 
     def _section(self, name: str, module: nn.Module) -> Section:
@@ -125,7 +131,8 @@ class MLLMWorkload(Workload):
         n = sample["tokens"].numel()
         img = int("image" in sample)
         aud = int("audio" in sample)
-        tokens = n + img * self.cfg.image_patches + aud * self.cfg.audio_frames
+        c = self.cfg
+        tokens = n + img * (c.image_patches // c.image_pool) + aud * c.audio_frames
         return {"tokens": tokens, "text_tokens": n, "images": img, "audio": aud}
 
 
