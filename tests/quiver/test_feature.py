@@ -306,3 +306,18 @@ def test_user_errors_raise_value_error(x, topo, tmp_path):
         Feature(placement="degree").from_cpu_tensor(x)  # needs a graph
     with pytest.raises(FileNotFoundError):
         Feature().from_mmap(tmp_path / "missing.npy")
+
+
+def test_gather_into_preallocated_output(x, topo):
+    feat = Feature(0, ["cpu"], ROW * 50, csr_topo=topo).from_cpu_tensor(x)
+    ids = torch.randint(0, N, (400,), generator=torch.Generator().manual_seed(5))
+    out = torch.full((400, DIM), float("nan"))
+    assert feat.gather(ids, out=out) is out
+    assert torch.equal(out, x[ids])
+    for bad in [
+        torch.empty(399, DIM),
+        torch.empty(400, DIM, dtype=torch.float64),
+        torch.empty(DIM, 400).T,
+    ]:
+        with pytest.raises(ValueError):
+            feat.gather(ids, out=bad)

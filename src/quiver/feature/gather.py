@@ -19,15 +19,21 @@ __all__ = ["RowGather", "as_words"]
 
 #: below this many rows a gather runs in the calling thread (pool hand-off costs ~50 us)
 _INLINE_ROWS = 2048
+_EMPTY = np.empty(0, dtype=np.int64)
 
 
 @numba.njit(nogil=True, cache=True, boundscheck=False)
-def _gather_rows(src, src_rows, dst, dst_rows, lo, hi):  # pragma: no cover - compiled
-    """``dst[dst_rows[i]] = src[src_rows[i]]`` for ``i`` in ``[lo, hi)``."""
+def _gather_rows(src, src_rows, row_map, dst, dst_rows, lo, hi):  # pragma: no cover - compiled
+    """``dst[dst_rows[i]] = src[row_map[src_rows[i]]]`` for ``i`` in ``[lo, hi)``; an empty
+    ``row_map`` is the identity, an empty ``dst_rows`` means ``dst_rows[i] = i``."""
     width = src.shape[1]
+    mapped = row_map.shape[0] > 0
+    scattered = dst_rows.shape[0] > 0
     for i in range(lo, hi):
         s = src_rows[i]
-        d = dst_rows[i]
+        if mapped:
+            s = row_map[s]
+        d = dst_rows[i] if scattered else i
         for j in range(width):
             dst[d, j] = src[s, j]
 
@@ -68,22 +74,30 @@ class RowGather:
             return self._pool
 
     def __call__(
-        self, src: np.ndarray, src_rows: np.ndarray, dst: np.ndarray, dst_rows: np.ndarray
+        self,
+        src: np.ndarray,
+        src_rows: np.ndarray,
+        dst: np.ndarray,
+        dst_rows: np.ndarray | None = None,
+        row_map: np.ndarray | None = None,
     ) -> None:
-        """``dst[dst_rows] = src[src_rows]``; ``src``/``dst`` are word views (:func:`as_words`),
-        row indices int64 arrays of equal length."""
+        """``dst[dst_rows] = src[row_map[src_rows]]``; ``src``/``dst`` are word views
+        (:func:`as_words`), indices int64 arrays; ``dst_rows`` defaults to ``0..n-1`` and
+        ``row_map`` to the identity."""
         n = src_rows.shape[0]
-        assert dst_rows.shape[0] == n and src.shape[1] == dst.shape[1]
+        dst_rows = _EMPTY if dst_rows is None else dst_rows
+        row_map = _EMPTY if row_map is None else row_map
+        assert dst_rows.shape[0] in (0, n) and src.shape[1] == dst.shape[1]
         if n == 0:
             return
         if n < _INLINE_ROWS or self.num_threads == 1:
-            _gather_rows(src, src_rows, dst, dst_rows, 0, n)
+            _gather_rows(src, src_rows, row_map, dst, dst_rows, 0, n)
             return
         chunks = min(self.num_threads * 4, -(-n // 512))
         bounds = np.linspace(0, n, chunks + 1).astype(np.int64)
         pool = self._executor()
         futures = [
-            pool.submit(_gather_rows, src, src_rows, dst, dst_rows, int(lo), int(hi))
+            pool.submit(_gather_rows, src, src_rows, row_map, dst, dst_rows, int(lo), int(hi))
             for lo, hi in zip(bounds[:-1], bounds[1:])
             if hi > lo
         ]

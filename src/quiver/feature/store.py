@@ -201,6 +201,7 @@ class Feature:
         pos[perm] = torch.arange(n)
         self._perm = perm
         self._pos_np = pos.numpy()
+        self._identity = bool(torch.equal(perm, torch.arange(n)))
         self._starts = np.array([t.start for t in self.tiers], dtype=np.int64)
         self._stops = np.array([t.stop for t in self.tiers], dtype=np.int64)
         self._counts = np.zeros(len(self.tiers), dtype=np.int64)
@@ -297,24 +298,59 @@ class Feature:
         Raises:
             ValueError: for non-integer or non-1-D ids, or ids outside ``[0, node_count)``.
         """
+        return self.gather(n_id)
+
+    def gather(self, n_id, out: torch.Tensor | None = None) -> torch.Tensor:
+        """``feature[n_id]``, optionally into a preallocated ``out`` (saves first-touch page
+        faults of a fresh output on every call).
+
+        Args:
+            n_id: 1-D integer node ids (tensor, array or list); repeats allowed.
+            out: ``[len(n_id), dim]`` contiguous tensor of this store's dtype on :attr:`device`.
+
+        Raises:
+            ValueError: bad ids (see ``__getitem__``) or an ``out`` of the wrong shape/dtype/device.
+        """
         self._check_loaded()
         if isinstance(n_id, torch.Tensor):
-            ids = n_id
+            if n_id.dtype.is_floating_point or n_id.dtype == torch.bool or n_id.is_complex():
+                raise ValueError(f"node ids must be integers, got dtype {n_id.dtype}")
+            ids = n_id.detach().cpu().numpy()
         else:
-            a = np.asarray(n_id)
-            ids = torch.as_tensor(a.astype(np.int64) if a.size == 0 else a)
-        if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
-            raise ValueError(f"node ids must be integers, got dtype {ids.dtype}")
-        if ids.dim() != 1:
+            ids = np.asarray(n_id)
+            if ids.size == 0:
+                ids = ids.astype(np.int64)
+            if not np.issubdtype(ids.dtype, np.integer):
+                raise ValueError(f"node ids must be integers, got dtype {ids.dtype}")
+        if ids.ndim != 1:
             raise ValueError(f"node ids must be 1-D, got shape {list(ids.shape)}")
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
         n, dim = self._shape
-        out = torch.empty((ids.numel(), dim), dtype=self._dtype, device=self.device)
-        if ids.numel() == 0:
+        if out is None:
+            out = torch.empty((ids.size, dim), dtype=self._dtype, device=self.device)
+        elif (
+            tuple(out.shape) != (ids.size, dim)
+            or out.dtype != self._dtype
+            or out.device != self.device
+            or not out.is_contiguous()
+        ):
+            raise ValueError(
+                f"out must be a contiguous [{ids.size}, {dim}] {self._dtype} tensor on "
+                f"{self.device}, got {list(out.shape)} {out.dtype} on {out.device}"
+            )
+        if ids.size == 0:
             return out
-        ids_np = np.ascontiguousarray(ids.detach().cpu().numpy(), dtype=np.int64)
-        sel, local, offsets, bad = split_by_tier(ids_np, self._pos_np, self._starts, self._stops)
+        tier0 = self.tiers[0]
+        if len(self.tiers) == 1 and out.device.type == "cpu" and hasattr(tier0, "read_ids_into"):
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= n:
+                raise ValueError(f"node ids must lie in [0, {n}); got {lo if lo < 0 else hi}")
+            tier0.read_ids_into(ids, out, None if self._identity else self._pos_np)
+            self._counts[0] += ids.size
+            return out
+        sel, local, offsets, bad = split_by_tier(ids, self._pos_np, self._starts, self._stops)
         if bad >= 0:
-            raise ValueError(f"node ids must lie in [0, {n}); got {int(ids_np[bad])}")
+            raise ValueError(f"node ids must lie in [0, {n}); got {int(ids[bad])}")
         for t, tier in enumerate(self.tiers):
             a, b = int(offsets[t]), int(offsets[t + 1])
             if b > a:

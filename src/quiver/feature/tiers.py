@@ -113,6 +113,11 @@ class _CpuRowsTier(Tier):
         dst = torch.from_numpy(sel).to(out.device)
         out.index_copy_(0, dst, staging.to(out.device, non_blocking=True))
 
+    def read_ids_into(self, ids: np.ndarray, out: torch.Tensor, pos_of: np.ndarray | None):
+        """Sole-tier fast path: ``out[i] = row of node ids[i]`` on a CPU ``out``, mapping ids
+        to rows inside the kernel (``pos_of``: node id -> hot position; ``None`` = identity)."""
+        raise NotImplementedError
+
 
 class HostTier(_CpuRowsTier):
     """(c)/(d) Rows in host RAM (page-locked when a GPU reads them), contiguous in hot order.
@@ -128,6 +133,10 @@ class HostTier(_CpuRowsTier):
 
     def nbytes(self) -> int:
         return self.rows.numel() * self.rows.element_size()
+
+    def read_ids_into(self, ids, out, pos_of):
+        assert self.start == 0
+        self.gather(self.words, ids, as_words(out.numpy()), row_map=pos_of)
 
 
 class DiskTier(_CpuRowsTier):
@@ -149,3 +158,7 @@ class DiskTier(_CpuRowsTier):
 
     def nbytes(self) -> int:
         return 0  # pages live in the OS page cache, not in this process's allocations
+
+    def read_ids_into(self, ids, out, pos_of):
+        # the file is in id order: the node id is the row
+        self.gather(self.words, ids, as_words(out.numpy()))
