@@ -50,3 +50,9 @@ def world():
         n=topo.node_count,
         offline=lambda nodes: offline_logits(model, sampler, x, nodes).numpy(),
     )
+
+
+@pytest.fixture(scope="module")
+def module_world():
+    """``small_world()`` shared by a module's tests: ``(topo, x, model, sampler)``."""
+    return small_world()

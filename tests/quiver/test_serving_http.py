@@ -126,3 +126,11 @@ def test_openapi_schema_served(served):
     schema = httpx.get(f"{http.url}/openapi.json").json()
     assert "/v1/predict" in schema["paths"]
     assert "PredictRequest" in schema["components"]["schemas"]
+
+
+def test_unknown_route_and_method_are_json_errors(served):
+    _, _, http = served
+    r = httpx.get(f"{http.url}/v2/nothing")
+    assert r.status_code == 404 and r.json()["error"]
+    r = httpx.get(f"{http.url}/v1/predict")
+    assert r.status_code == 405 and r.json()["error"]

@@ -14,6 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, StrictInt
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from quiver.serving.batcher import Overloaded, ShuttingDown
 from quiver.serving.engine import Engine
@@ -71,6 +72,18 @@ def create_app(engine: Engine) -> FastAPI:
         status, msg = _describe(exc)
         engine.metrics.rejected.labels("invalid").inc()
         return _error(status, msg)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _on_http_error(request: Request, exc: StarletteHTTPException):
+        # unparseable bodies, unknown routes, wrong methods: same JSON error shape
+        msg = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 400 and "parsing the body" in msg:
+            msg = "malformed JSON: cannot parse the request body"
+        return JSONResponse(
+            status_code=exc.status_code,
+            content={"error": msg},
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.post(
         "/v1/predict",
