@@ -15,8 +15,9 @@ from quiver.sampling.base import BaseSampler, SampledSubgraph
 
 __all__ = ["CPUSampler", "random_seed"]
 
-# Hops with fewer targets run on the calling thread: a parallel launch costs more than it saves.
-PARALLEL_MIN_TARGETS = 256
+# Hops with fewer targets run on the calling thread: a parallel launch (and waiting for the
+# slowest thread when cores are shared) costs more than it saves on small hops.
+PARALLEL_MIN_TARGETS = 1024
 
 
 def random_seed() -> int:
