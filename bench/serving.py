@@ -362,7 +362,9 @@ def main(argv=None) -> int:
         print(f"  {k:<10} {v:8.2f} ms")
     print("ratios (best baseline pool size):")
     for k, (v, against) in summary["ratios"].items():
-        print(f"  {k:<28} {v:6.2f}x   (vs {against})")
+        shown = f"{v:6.2f}x" if np.isfinite(v) else "   n/a "
+        note = " (the baseline met the SLO at no rate)" if not np.isfinite(v) else ""
+        print(f"  {k:<28} {shown}   (vs {against}){note}")
     print("per-stage mean ms:")
     for k, v in raw.items():
         print(f"  {k:<10} {json.dumps(v.get('stage_ms'), default=lambda x: round(x, 2))}")
