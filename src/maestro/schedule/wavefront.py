@@ -7,6 +7,12 @@ forwards, and upstream backwards waiting for their gradients), largest first. Be
 replica takes work when it becomes free, estimated cost (not sample count) is balanced across
 a section's replicas. Micro-batches respect ``micro_batch_size`` and ``token_budget``.
 
+Pure list scheduling can start cheap work just before a sample that unblocks much more arrives
+(e.g. an LLM replica begins a text-only micro-batch while an image sample, whose encoder
+backward waits on the LLM's gradients, is a moment away). A *lookahead* lets a free replica
+idle for such a sample; ``wavefront_schedule`` runs a few lookaheads (0 = never idle) and keeps
+the schedule the simulator predicts fastest on the same cost model.
+
 Estimated readiness follows the runtime's execution rule (see ``maestro.sim``): a sample's
 output of a section exists when the forward of its micro-batch ends; a section whose backward
 runs right after each forward (``role == "step"``) is busy for forward plus backward; a frozen
