@@ -1,0 +1,228 @@
+"""Serving reliability (issue 9, items 1-2): soak and overload against `quiver serve`.
+
+Starts `quiver serve` as its own process on a loopback port, finds the sustainable rate (the
+highest offered rate whose p99 meets the SLO with nothing rejected), then:
+
+1. soak: N requests (default 200,000) at 80% of that rate, in windows of 10,000; reports
+   errors, late answers, rejections, p99 per window and the server's resident memory (RSS) at
+   start and end;
+2. overload: 2x the sustainable rate for 60 s: how many requests got 429 and how fast, the p99
+   of admitted requests, then normal load again: seconds until p99 is back under the SLO.
+
+Every loop is bounded in count and time; traffic goes to 127.0.0.1 only. Results are printed
+and appended to RELIABILITY.md.
+
+    .venv/bin/python bench/reliability.py --preset small --requests 200000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from quiver.serving import loadgen
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare(preset: str, work: Path) -> tuple[Path, Path]:
+    from quiver.datasets import load_prepared, synthetic
+    from quiver.training import TrainConfig, train_model
+
+    d = work / preset
+    if not (d / "manifest.json").exists():
+        synthetic(preset, seed=0, out=d, progress=True)
+    ckpt = d / "reliability_sage.pt"
+    if not ckpt.exists():
+        train_model(
+            load_prepared(d),
+            TrainConfig(fanouts=(15, 10, 5), epochs=1, max_steps_per_epoch=30),
+            out=ckpt,
+        )
+    return d, ckpt
+
+
+async def window(url: str, mix, n: int, rate: float, seed: int) -> loadgen.LoadResult:
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
+        return await loadgen.run_open_loop(
+            loadgen.http_target(client), mix.draw(n, seed), rate, seed
+        )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--data", default=str(ROOT / "data"))
+    ap.add_argument("--requests", type=int, default=200_000, help="soak requests")
+    ap.add_argument("--slo-ms", type=float, default=30.0)
+    ap.add_argument("--rates", default="50,100,150,200,300,400", help="probe rates")
+    ap.add_argument("--overload-s", type=float, default=60.0)
+    ap.add_argument(
+        "--max-late-share",
+        type=float,
+        default=0.01,
+        help="stated SLO: at most this share of soak answers may be late",
+    )
+    args = ap.parse_args()
+
+    work = Path(args.data)
+    work.mkdir(parents=True, exist_ok=True)
+    d, ckpt = prepare(args.preset, work)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "quiver.cli",
+            "serve",
+            str(d),
+            "--checkpoint",
+            str(ckpt),
+            "--port",
+            str(port),
+            "--slo-ms",
+            str(args.slo_ms),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    rows: list[str] = []
+    try:
+        t_end = time.monotonic() + 120
+        while True:
+            try:
+                node_count = httpx.get(f"{url}/healthz", timeout=2).json()["node_count"]
+                break
+            except httpx.HTTPError:
+                if server.poll() is not None or time.monotonic() > t_end:
+                    raise SystemExit(f"server did not start: {server.stdout.read()}") from None
+                time.sleep(0.3)
+        mix = loadgen.RequestMix(node_count, 1, 64)
+        for nodes in mix.draw(20, seed=1):  # warm-up: kernel load and first-call costs
+            httpx.post(f"{url}/v1/predict", json={"nodes": nodes}, timeout=60)
+
+        # sustainable rate: highest probe rate meeting the SLO with nothing rejected
+        sustainable = 0.0
+        for i, rate in enumerate(float(r) for r in args.rates.split(",")):
+            res = asyncio.run(window(url, mix, int(rate * 5), rate, seed=100 + i))
+            ok = res.p99_ms <= args.slo_ms and res.rejected == 0 and res.errors == 0
+            print(
+                f"probe {rate:6.0f} rps: p99 {res.p99_ms:8.2f} ms, rejected {res.rejected}, "
+                f"{'ok' if ok else 'over'}",
+                flush=True,
+            )
+            if not ok:
+                break
+            sustainable = rate
+        if sustainable == 0:
+            raise SystemExit("no probe rate met the SLO; lower --rates")
+
+        # 1. soak at 80%
+        rate = 0.8 * sustainable
+        rss0 = rss_mb(server.pid)
+        totals = dict(sent=0, ok=0, late=0, rejected=0, errors=0)
+        p99s = []
+        t0 = time.monotonic()
+        remaining, k = args.requests, 0
+        while remaining > 0:
+            n = min(10_000, remaining)
+            res = asyncio.run(window(url, mix, n, rate, seed=1000 + k))
+            for key in totals:
+                totals[key] += getattr(res, key)
+            p99s.append(res.p99_ms)
+            remaining -= n
+            k += 1
+            print(
+                f"soak window {k}: {totals['sent']:,} sent, p99 {res.p99_ms:.2f} ms, "
+                f"late {res.late}, errors {res.errors}, RSS {rss_mb(server.pid):.0f} MB",
+                flush=True,
+            )
+        rss1 = rss_mb(server.pid)
+        soak_s = time.monotonic() - t0
+        answered = totals["ok"] + totals["late"]
+        late_share = totals["late"] / max(1, answered)
+        rows.append(
+            f"| soak | {totals['sent']:,} at {rate:.0f} rps (80% of {sustainable:.0f}) | "
+            f"{totals['errors']} | {totals['rejected']} | {totals['late']} "
+            f"({late_share:.2%}; stated max {args.max_late_share:.0%}) | "
+            f"max window p99 {max(p99s):.1f} ms | RSS {rss0:.0f} -> {rss1:.0f} MB | "
+            f"{soak_s:.0f} s |"
+        )
+
+        # 2. overload at 2x, then recovery at the normal rate
+        over = 2 * sustainable
+        n_over = int(over * args.overload_s)
+        t_over = time.monotonic()
+        res = asyncio.run(window(url, mix, n_over, over, seed=7))
+        over_s = time.monotonic() - t_over
+        recovery = float("nan")
+        t_rec = time.monotonic()
+        for j in range(20):  # 1 s windows at 80% until p99 is back under the SLO
+            r = asyncio.run(window(url, mix, max(1, int(rate)), rate, seed=9000 + j))
+            if r.p99_ms <= args.slo_ms and r.errors == 0:
+                recovery = time.monotonic() - t_rec
+                break
+        rows.append(
+            f"| overload | {res.sent:,} at {over:.0f} rps (2x) for {over_s:.0f} s | "
+            f"{res.errors} | {res.rejected} | {res.late} | admitted p99 {res.p99_ms:.1f} ms | "
+            f"recovered to p99 <= SLO in {recovery:.1f} s | |"
+        )
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            out, _ = server.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            out = "(killed)"
+        print(out.strip().splitlines()[-1] if out.strip() else "")
+        drained = server.returncode == 0
+    rows.append(
+        f"| SIGTERM | drain and exit | exit code {server.returncode} | | | | "
+        f"{'ok' if drained else 'FAILED'} | |"
+    )
+    header = (
+        f"\n## Serving reliability, {datetime.date.today()} (`python bench/reliability.py "
+        f"--preset {args.preset} --requests {args.requests}`)\n\n"
+        "| run | load | errors | rejected (429) | late | latency | memory / recovery | time |\n"
+        "| --- | --- | --- | --- | --- | --- | --- | --- |\n"
+    )
+    text = header + "\n".join(rows) + "\n"
+    print(text)
+    path = ROOT / "RELIABILITY.md"
+    if not path.exists():
+        path.write_text(
+            "# Reliability\n\nMeasured by `bench/reliability.py` (serving) and the "
+            "tests named below (training).\n"
+        )
+    with path.open("a") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
