@@ -228,6 +228,26 @@ class AnalyticalCostModel(CostModel):
         passes = 3.0 if shape.recompute else 2.0
         return self._pass_time(shape, feats, passes * shape.forward_flops(feats), passes)
 
+    def memory_bytes(self, section: str, feats: Features, trainable: bool) -> float:
+        """Peak bytes on one replica running a micro-batch with ``feats`` (for planners).
+
+        Weights in bf16; a trainable section adds fp32 gradients, master weights and Adam
+        moments (16 bytes per parameter, unsharded) and keeps every layer's activations
+        (~34 bytes per position and hidden unit per layer, flash attention), or only layer
+        inputs plus one layer's activations under ``recompute``. A frozen section keeps one
+        layer's activations at a time.
+        """
+        shape = self._shape(section)
+        pos = shape.positions(feats)
+        one_layer = 34.0 * pos * shape.hidden
+        if not trainable:
+            return 2.0 * shape.params + one_layer
+        if shape.recompute:
+            acts = shape.layers * 2.0 * pos * shape.hidden + one_layer
+        else:
+            acts = shape.layers * one_layer
+        return 18.0 * shape.params + acts
+
     def transfer_time(self, producer: str, feats: Features, same_node: bool) -> float:
         shape = self._shape(producer)
         nbytes = feats.get(shape.unit, 0.0) * shape.out_bytes_per_unit

@@ -128,3 +128,18 @@ def test_fit_is_non_negative_and_profile_errors(tmp_path):
     cm = MeasuredCostModel.from_profile(_profile(random.Random(1)))
     with pytest.raises(ValueError, match="no section"):
         cm.forward_time("vision", {"samples": 1})
+
+
+def test_memory_frozen_and_recompute_keep_less():
+    base = SectionShape(layers=32, hidden=4096, ffn_hidden=16384)
+    rec = SectionShape(layers=32, hidden=4096, ffn_hidden=16384, recompute=True)
+    cm = AnalyticalCostModel({"a": base, "r": rec})
+    f1 = micro_batch_features([{"tokens": 2048}])
+    f2 = micro_batch_features([{"tokens": 2048}] * 2)
+    assert cm.memory_bytes("a", f1, trainable=False) < cm.memory_bytes("r", f1, trainable=True)
+    assert cm.memory_bytes("r", f1, trainable=True) < cm.memory_bytes("a", f1, trainable=True)
+    # activations grow linearly with the micro-batch; weights and optimizer state do not
+    m0 = cm.memory_bytes("a", micro_batch_features([{"tokens": 0}]), trainable=True)
+    grow1 = cm.memory_bytes("a", f1, trainable=True) - m0
+    grow2 = cm.memory_bytes("a", f2, trainable=True) - m0
+    assert m0 == 18 * base.params and grow2 == pytest.approx(2 * grow1)
