@@ -1,7 +1,7 @@
 """Workload metrics of k-hop neighbour sampling: PSGS and FAP (DESIGN.md §1.3).
 
 - **PSGS** (probabilistic sampled graph size): for every node, the *expected* number of nodes
-  in the sampled computation tree of that seed, before deduplication. The dispatcher sums it
+  the sampler draws for that seed, counted as a tree (before deduplication). The dispatcher sums it
   over a batch's seeds and sends small batches to CPU sampling, large ones to the GPU.
 - **FAP** (feature access probability): for every node, the probability that its feature row
   is read when serving one request batch drawn from a seed distribution. The feature store
@@ -96,17 +96,25 @@ def _column_sum(indptr, indices, y, out):  # pragma: no cover - compiled
 # ----------------------------------------------------------------------------- PSGS
 
 
-def psgs(topo, sizes) -> torch.Tensor:
+def psgs(topo, sizes, frontier: bool = False) -> torch.Tensor:
     """Expected sampled-subgraph size of every node as a seed (before deduplication).
 
-    With fanouts ``k_1..k_L`` and in-degree ``d(v)``: ``S_L(v) = 1`` and
-    ``S_l(v) = 1 + min(d(v), k_{l+1}) / d(v) * sum_{u in N(v)} S_{l+1}(u)``; the result is
-    ``S_0``. It counts the seed, its sampled neighbours, theirs, and so on, as a tree.
+    With fanouts ``k_1..k_L``, in-degree ``d(v)`` and ``w_h(v) = min(d(v), k_h) / d(v)``:
+
+    - ``frontier=True`` (DESIGN.md §1.3; PyG ``NeighborLoader``: a node is expanded once, at the
+      hop after it arrives): ``S_L = 1``, ``S_l = 1 + w_{l+1} * (A @ S_{l+1})``, result ``S_0``.
+    - ``frontier=False`` (default; the sampler's default, PyG's legacy ``NeighborSampler`` and
+      torch-quiver: every node reached so far is sampled again at each later hop): a node that
+      arrives at hop ``l`` spawns ``R_l = 1 + sum_{h > l} w_h * (A @ R_h)`` nodes, result
+      ``R_0``. Same cost: one mat-vec per hop.
+
+    Both count the sampled nodes as a tree (no deduplication).
 
     Args:
         topo: a :class:`quiver.CSRTopo` (row ``v`` = in-neighbours of ``v``) or an
             ``(indptr, indices)`` pair.
         sizes: fanouts per hop, first hop first, ``-1`` for all neighbours (e.g. ``[15, 10, 5]``).
+        frontier: sampling semantics, as above.
 
     Returns:
         ``[node_count]`` float32 tensor (the PSGS table).
@@ -115,17 +123,22 @@ def psgs(topo, sizes) -> torch.Tensor:
     sizes = _check_sizes(sizes)
     degree = np.diff(indptr)
     n = degree.size
-    s = np.ones(n, dtype=np.float64)  # S_L
+    s = np.ones(n, dtype=np.float64)  # S_L = R_L
+    acc = np.zeros(n, dtype=np.float64)
     tmp = np.empty(n, dtype=np.float64)
     for k in reversed(sizes):
         _row_sum(indptr, indices, s, tmp)
-        s = 1.0 + _pick_probability(degree, k) * tmp
+        if frontier:
+            s = 1.0 + _pick_probability(degree, k) * tmp
+        else:
+            acc += _pick_probability(degree, k) * tmp
+            s = 1.0 + acc
     return torch.from_numpy(s.astype(np.float32))
 
 
 def batch_psgs(table: torch.Tensor, seeds) -> float:
-    """PSGS of a request batch: the sum of its seeds' PSGS (an upper bound on the distinct
-    node count, since overlapping neighbourhoods are counted once per seed).
+    """PSGS of a request batch: the sum of its seeds' PSGS (overlapping neighbourhoods are
+    counted once per seed, so it exceeds the distinct node count the sampler returns).
 
     Args:
         table: ``[node_count]`` PSGS table from :func:`psgs`.

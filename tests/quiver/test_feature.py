@@ -321,3 +321,20 @@ def test_gather_into_preallocated_output(x, topo):
     ]:
         with pytest.raises(ValueError):
             feat.gather(ids, out=bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("policy", ["device_replicate", "p2p_clique_replicate"])
+def test_cuda_tiers_gather_exactly(policy, topo, x, tmp_path):
+    """GPU tiers on real devices: replicated/clique rows on CUDA, pinned host rest."""
+    devices = list(range(torch.cuda.device_count()))
+    feat = Feature(0, devices, ROW * 60, policy, csr_topo=topo).from_cpu_tensor(x)
+    assert feat.tiers[-1].rows.is_pinned()
+    ids = _ids_hitting_every_tier(feat).cuda()
+    out = feat[ids]
+    assert out.device == torch.device("cuda", 0)
+    assert torch.equal(out.cpu(), x[ids.cpu()])
+    np.save(tmp_path / "f.npy", x.numpy())
+    mm = Feature(0, devices, ROW * 60, policy, csr_topo=topo, host_cache_size=ROW * 100)
+    mm.from_mmap(tmp_path / "f.npy")
+    assert torch.equal(mm[ids].cpu(), x[ids.cpu()])
