@@ -115,3 +115,21 @@ def test_reference_training_lowers_the_loss():
     )
     _, losses = reference_train(cfg)
     assert sum(losses[-5:]) / 5 < losses[0] - 0.1
+
+
+def test_flat_allreduce_keeps_missing_gradients_missing(tmp_path):
+    import torch.distributed as dist
+
+    from maestro.runtime.executor import flat_allreduce_grads
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        a, b, c = (torch.nn.Parameter(torch.ones(n, dtype=torch.float64)) for n in (2, 3, 1))
+        a.grad = torch.tensor([1.0, 2.0], dtype=torch.float64)
+        c.grad = torch.tensor([5.0], dtype=torch.float64)
+        flat_allreduce_grads([a, b, c])
+        assert torch.equal(a.grad, torch.tensor([1.0, 2.0], dtype=torch.float64))
+        assert b.grad is None
+        assert torch.equal(c.grad, torch.tensor([5.0], dtype=torch.float64))
+    finally:
+        dist.destroy_process_group()

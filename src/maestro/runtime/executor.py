@@ -70,17 +70,25 @@ def resolve_scheduler(name: str):
 
 
 def flat_allreduce_grads(params: Sequence[torch.nn.Parameter], group=None) -> None:
-    """SUM-all-reduce the gradients of ``params`` as one flat buffer (missing grads count 0)."""
+    """SUM-all-reduce the gradients of ``params`` as one flat buffer.
+
+    A missing gradient counts as zeros, but a parameter that has no gradient on *any* replica
+    keeps ``grad = None``, as in a single process (where, e.g., a vision encoder that saw no
+    image in the global batch gets no gradient and AdamW leaves it and its moments alone).
+    """
     if not params:
         return
+    has = [p.grad is not None for p in params]
     flat = torch.cat(
         [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        + [torch.tensor(has, dtype=params[0].dtype, device=params[0].device)]
     )
     dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
     off = 0
-    for p in params:
+    flags = flat[-len(params) :].tolist()
+    for p, flag in zip(params, flags):
         n = p.numel()
-        p.grad = flat[off : off + n].view_as(p).clone()
+        p.grad = flat[off : off + n].view_as(p).clone() if flag > 0 else None
         off += n
 
 
