@@ -98,7 +98,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
         mode = "monolithic" if opts.monolithic else "maestro"
         bar = tqdm(total=config.steps, desc=f"{mode} {config.workload}", unit="step")
     losses: list[float] = [0.0] * config.steps
-    # step 0 warms up (allocations, first messages): time from the start of step 1
+    # step 0 warms up (allocations, first messages): time steps 1.. from a common start
     warm = 1 if config.steps > 1 else 0
     t_start, busy0 = time.time(), 0.0
     totals0: dict[str, float] = {}
@@ -124,6 +124,11 @@ def _train(config, opts, rank, world, device) -> dict | None:
 
     for step in range(config.steps):
         if step == warm:
+            # every rank starts the timed window together (a frozen section may run ahead
+            # later, but not across the window's start)
+            while pending:
+                finish_oldest()
+            dist.barrier()
             t_start, busy0, totals0 = time.time(), tracer.busy, dict(tracer.totals)
         loss = worker.step(step)
         stats = torch.zeros(world + 1, dtype=torch.float64, device=device)
