@@ -89,6 +89,7 @@ class HybridSampler:
                 f"psgs_table must have shape [{self.node_count}], got {list(psgs_table.shape)}"
             )
         self.psgs_table = psgs_table
+        self._psgs_np = psgs_table.numpy()
         self.cpu = CPUSampler(csr_topo.to("cpu"), self.sizes, seed=seed, num_threads=num_threads)
         device = _default_gpu_device() if gpu_device is None else torch.device(gpu_device)
         self.gpu = None
@@ -118,20 +119,27 @@ class HybridSampler:
         """Summed PSGS of ``seeds`` (validated ids)."""
         if seeds.numel() == 0:
             return 0.0
-        return float(self.psgs_table.index_select(0, seeds.cpu()).sum(dtype=torch.float64))
+        # numpy, not torch: no intra-op thread wake-ups on the per-batch path
+        return float(self._psgs_np[seeds.cpu().numpy()].sum(dtype=np.float64))
+
+    def _route(self, seeds: torch.Tensor) -> tuple[str, float]:
+        p = self.batch_psgs(seeds)
+        return ("gpu" if self.gpu is not None and p >= self.threshold else "cpu"), p
 
     def route(self, seeds) -> tuple[str, float]:
         """``("cpu" | "gpu", batch PSGS)`` for a batch of seed ids (not sampled)."""
         from quiver.sampling.base import check_seeds
 
-        seeds = check_seeds(seeds, self.node_count)
-        p = self.batch_psgs(seeds)
-        return ("gpu" if self.gpu is not None and p >= self.threshold else "cpu"), p
+        return self._route(check_seeds(seeds, self.node_count))
 
     def sample_subgraph(self, seeds):
         """Sample ``seeds`` on the routed path; returns a ``SampledSubgraph``."""
-        path, _ = self.route(seeds)
-        out = (self.gpu if path == "gpu" else self.cpu).sample_subgraph(seeds)
+        from quiver.sampling.base import check_seeds
+
+        seeds = check_seeds(seeds, self.node_count)
+        path, _ = self._route(seeds)
+        # seeds are validated once, here; the samplers' _sample skips their own check
+        out = (self.gpu if path == "gpu" else self.cpu)._sample(seeds)
         self.last_path = path
         c = self.counts[path]
         c["batches"] += 1
