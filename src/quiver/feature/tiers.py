@@ -89,7 +89,8 @@ class CliqueTier(Tier):
 
 
 class _CpuRowsTier(Tier):
-    """Rows in a host array, gathered by CPU threads (into pinned staging for a GPU)."""
+    """Rows in a host array: gathered by CPU threads for a CPU output; for a GPU output read
+    by the GPU in place when pinned (zero-copy), else staged and copied."""
 
     def __init__(self, name, start, stop, words: np.ndarray, gather: RowGather, pinned: bool):
         super().__init__(name, start, stop)
@@ -100,23 +101,61 @@ class _CpuRowsTier(Tier):
     def _source_rows(self, local: np.ndarray) -> np.ndarray:
         return local
 
+    def _uva_rows(self, device: torch.device) -> torch.Tensor | None:
+        """A CUDA view of the pinned rows on ``device`` (zero-copy), or ``None``."""
+        return None
+
     def read_into(self, local, out, sel):
         src_rows = self._source_rows(local)
         if out.device.type == "cpu":
             self.gather(self.words, src_rows, as_words(out.numpy()), sel)
             return
-        # GPU output: gather on the CPU into pinned staging, then one async copy.
+        dst = torch.from_numpy(sel).to(out.device, non_blocking=True)
+        uva = self._uva_rows(out.device)
+        if uva is not None:
+            # zero-copy: the GPU reads the pinned host rows itself over PCIe/NVLink-C2C
+            idx = torch.from_numpy(src_rows).to(out.device, non_blocking=True)
+            out.index_copy_(0, dst, uva.index_select(0, idx))
+            return
+        # otherwise: gather on the CPU into (pinned) staging, then one async copy
         staging = torch.empty(
             (len(src_rows), out.shape[1]), dtype=out.dtype, pin_memory=self.pinned
         )
-        self.gather(self.words, src_rows, as_words(staging.numpy()), np.arange(len(src_rows)))
-        dst = torch.from_numpy(sel).to(out.device)
+        self.gather(self.words, src_rows, as_words(staging.numpy()))
         out.index_copy_(0, dst, staging.to(out.device, non_blocking=True))
 
     def read_ids_into(self, ids: np.ndarray, out: torch.Tensor, pos_of: np.ndarray | None):
         """Sole-tier fast path: ``out[i] = row of node ids[i]`` on a CPU ``out``, mapping ids
         to rows inside the kernel (``pos_of``: node id -> hot position; ``None`` = identity)."""
         raise NotImplementedError
+
+
+class _CudaArray:
+    """Minimal ``__cuda_array_interface__`` exporter for a device pointer."""
+
+    def __init__(self, ptr: int, shape: tuple, typestr: str, owner: torch.Tensor):
+        self.owner = owner  # keeps the pinned buffer alive
+        self.__cuda_array_interface__ = {
+            "shape": shape,
+            "typestr": typestr,
+            "data": (ptr, False),
+            "version": 3,
+        }
+
+
+def uva_view_2d(pinned: torch.Tensor, device: torch.device) -> torch.Tensor | None:
+    """A CUDA tensor aliasing the pinned host tensor ``pinned`` (no copy), or ``None`` when
+    its dtype has no array-interface code (e.g. bfloat16). Valid under unified virtual
+    addressing, where a pinned host allocation has the same address on the device."""
+    try:
+        typestr = np.dtype(torch.empty(0, dtype=pinned.dtype).numpy().dtype).str
+    except (TypeError, RuntimeError):
+        return None
+    arr = _CudaArray(pinned.data_ptr(), tuple(pinned.shape), typestr, pinned)
+    with torch.cuda.device(device):
+        view = torch.as_tensor(arr, device=device)
+    view._quiver_owner = pinned  # the view must not outlive the host buffer
+    return view
 
 
 class HostTier(_CpuRowsTier):
@@ -130,6 +169,14 @@ class HostTier(_CpuRowsTier):
         assert rows.device.type == "cpu" and rows.is_contiguous()
         super().__init__("host", start, stop, as_words(rows.numpy()), gather, rows.is_pinned())
         self.rows = rows  # keeps the storage alive
+        self._uva: dict[torch.device, torch.Tensor | None] = {}
+
+    def _uva_rows(self, device):
+        if not self.pinned:
+            return None
+        if device not in self._uva:
+            self._uva[device] = uva_view_2d(self.rows, device)
+        return self._uva[device]
 
     def nbytes(self) -> int:
         return self.rows.numel() * self.rows.element_size()
