@@ -197,7 +197,11 @@ def run_quiver(args, data: Path, ckpt: Path, rates, requests, seeds) -> dict:
     from quiver.serving.server import Server
 
     cfg = serve_config(args)
-    server = Server.from_dataset(data, ckpt, cfg, fanouts=FANOUTS, seed=args.seed).start()
+    # every row in RAM (quiver.Feature's host tier, FAP order), as the baselines hold theirs
+    feature_bytes = (data / "features.npy").stat().st_size
+    server = Server.from_dataset(
+        data, ckpt, cfg, fanouts=FANOUTS, seed=args.seed, feature_cache=feature_bytes
+    ).start()
     print(f"quiver: {server.info}; {cfg}")
     try:
         t0 = time.perf_counter()
@@ -211,7 +215,7 @@ def run_quiver(args, data: Path, ckpt: Path, rates, requests, seeds) -> dict:
         "results": results,
         "wall_s": time.perf_counter() - t0,
         "stage_ms": stages,
-        "config": asdict(cfg),
+        "config": {**asdict(cfg), "feature_cache_bytes": feature_bytes},
     }
 
 

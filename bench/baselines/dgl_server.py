@@ -92,7 +92,8 @@ class DglServer(common.ThreadPoolServer):
             ("csc", (torch.from_numpy(indptr), torch.from_numpy(indices), torch.tensor([]))),
             num_nodes=n,
         )
-        self.graph.create_formats_()
+        # in-edge sampling reads the CSC only; building COO/CSR too would cost GBs on products
+        self.graph = self.graph.formats("csc")
         self.x = torch.from_numpy(common.load_features(dataset_dir))  # (N, F)
         self.sampler = dgl.dataloading.NeighborSampler(self.fanouts[::-1])
         self.num_nodes = n

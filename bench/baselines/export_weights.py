@@ -5,8 +5,8 @@ Runs in the main venv (it reads our checkpoint); the DGL baseline loads the .npz
     .venv/bin/python bench/baselines/export_weights.py ckpt.pt sage.npz
 
 PyG's `SAGEConv` computes `lin_l(mean_j x_j) + lin_r(x_i)` with the bias in `lin_l` and none in
-`lin_r`; DGL's computes `fc_neigh(mean_j x_j) + fc_self(x_i)` with the one bias in `fc_self` (DGL 2.x;
-`fc_neigh` is bias-free). So `fc_neigh = lin_l.weight`, `fc_self = lin_r.weight` and the bias
+`lin_r`; DGL 2.x's computes `fc_neigh(mean_j x_j) + fc_self(x_i)` with its one bias in `fc_self`
+(`fc_neigh` is bias-free). So `fc_neigh = lin_l.weight`, `fc_self = lin_r.weight` and the bias
 `lin_l.bias` goes to `fc_self.bias`: a bias is added once either way.
 """
 
