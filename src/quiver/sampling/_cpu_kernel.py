@@ -16,6 +16,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 from numba import prange
+from numba.typed import List
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -152,6 +153,10 @@ def sample_khop(indptr, indices, eid, seeds, fanouts, seed, call, marker, parall
     ``NeighborLoader``) only the nodes the previous hop added. ``n_id`` starts with the seeds
     and grows hop by hop.
 
+    Memory: each hop's outputs are allocated once at their exact size and the sampled ids are
+    relabelled in place, so besides the outputs a call only holds the marker and three
+    per-target arrays of the current hop.
+
     Args:
         indptr, indices: int64 CSR of in-neighbours.
         eid: int64 edge ids (length E) or an empty array to use CSR positions.
@@ -163,64 +168,57 @@ def sample_khop(indptr, indices, eid, seeds, fanouts, seed, call, marker, parall
         frontier: sample only the previous hop's new nodes (see above).
 
     Returns:
-        n_id [M], num_nodes [L+1] (n_id count before hop 0 and after each hop),
-        edge_ptr [L+1] (edge offsets of each hop in the flat arrays), src_local [E'],
-        dst_local [E'], e_id [E']. If ``seeds`` holds a duplicate, ``num_nodes[0]`` is -1
-        and the other outputs are empty.
+        n_id [M], num_nodes [L+1] (n_id count before hop 0 and after each hop), and a list of
+        ``(src_local, dst_local, e_id)`` per hop. If ``seeds`` holds a duplicate,
+        ``num_nodes[0]`` is -1 and the other outputs are empty.
     """
     num_hops = fanouts.shape[0]
     n_seeds = seeds.shape[0]
-    n_id = np.empty(max(16, n_seeds * 4), dtype=np.int64)
     num_nodes = np.empty(num_hops + 1, dtype=np.int64)
-    edge_ptr = np.zeros(num_hops + 1, dtype=np.int64)
-    empty = np.empty(0, dtype=np.int64)
+    hops = List()
+    n_id = np.empty(max(16, n_seeds * 4), dtype=np.int64)
     for i in range(n_seeds):
         s = seeds[i]
         if marker[s] >= 0:
             for q in range(i):
                 marker[seeds[q]] = -1
             num_nodes[0] = -1
-            return empty, num_nodes, edge_ptr, empty, empty, empty
+            e = np.empty(0, dtype=np.int64)
+            hops.append((e, e, e))
+            return n_id[:0], num_nodes, hops
         n_id[i] = s
         marker[s] = i
     n = n_seeds
     num_nodes[0] = n
-    src_out = np.empty(max(16, n_seeds * 8), dtype=np.int64)
-    dst_out = np.empty_like(src_out)
-    eid_out = np.empty_like(src_out)
-    ne = 0
     for h in range(num_hops):
         k = fanouts[h]
         first = num_nodes[h - 1] if (frontier and h > 0) else 0
         num_targets = n - first
         key = stream_key(seed, call, h)
-        offs, cols, eids = _sample_rows(
+        # src receives global ids from the sampler and is relabelled in place below
+        offs, src, eids = _sample_rows(
             indptr, indices, eid, n_id[first:n], k, key, num_targets >= parallel_min
         )
         m = offs[num_targets]
-        src_out = _grow(src_out, ne + m)
-        dst_out = _grow(dst_out, ne + m)
-        eid_out = _grow(eid_out, ne + m)
+        dst = np.empty(m, dtype=np.int64)
         n_id = _grow(n_id, n + m)
         # sequential dedup + relabel: first occurrence gets the next local id
         for i in range(num_targets):
             for j in range(offs[i], offs[i + 1]):
-                g = cols[j]
+                g = src[j]
                 loc = marker[g]
                 if loc < 0:
                     loc = n
                     marker[g] = n
                     n_id[n] = g
                     n += 1
-                src_out[ne + j] = loc
-                dst_out[ne + j] = first + i
-        eid_out[ne : ne + m] = eids
-        ne += m
+                src[j] = loc
+                dst[j] = first + i
         num_nodes[h + 1] = n
-        edge_ptr[h + 1] = ne
+        hops.append((src, dst, eids))
     for i in range(n):
         marker[n_id[i]] = -1
-    return n_id[:n], num_nodes, edge_ptr, src_out[:ne], dst_out[:ne], eid_out[:ne]
+    return n_id[:n], num_nodes, hops
 
 
 @numba.njit(**_JIT)

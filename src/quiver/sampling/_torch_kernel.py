@@ -76,8 +76,8 @@ def sample_khop(
     """Multi-hop sampling with dedup + relabel; same contract as the numba ``sample_khop``.
 
     ``marker`` is an int64 ``[N]`` tensor of -1 on the kernel's device, restored on return.
-    Returns ``(n_id, num_nodes, edge_ptr, src_local, dst_local, e_id)`` with ``num_nodes`` and
-    ``edge_ptr`` as Python lists, or ``None`` if ``seeds`` holds a duplicate.
+    Returns ``(n_id, num_nodes, hops)`` with ``num_nodes`` a Python list and ``hops`` a list of
+    ``(src_local, dst_local, e_id)`` per hop, or ``None`` if ``seeds`` holds a duplicate.
     """
     dev = seeds.device
     n_id = seeds
@@ -86,8 +86,8 @@ def sample_khop(
     if n and bool((marker[seeds] != torch.arange(n, device=dev)).any()):
         marker[seeds] = -1
         return None
-    num_nodes, edge_ptr = [n], [0]
-    srcs, dsts, eids = [], [], []
+    num_nodes = [n]
+    hops = []
     for h, k in enumerate(fanouts):
         first = num_nodes[h - 1] if (frontier and h > 0) else 0
         targets = n_id[first:n]
@@ -103,13 +103,7 @@ def sample_khop(
         loc = marker[nbrs]
         n_id = torch.cat([n_id, new])
         n += new.numel()
-        srcs.append(loc)
-        dsts.append(dst)
-        eids.append(e)
+        hops.append((loc, dst, e))
         num_nodes.append(n)
-        edge_ptr.append(edge_ptr[-1] + nbrs.numel())
     marker[n_id] = -1
-    if not fanouts:
-        empty = torch.empty(0, dtype=torch.int64, device=dev)
-        return n_id, num_nodes, edge_ptr, empty, empty, empty
-    return n_id, num_nodes, edge_ptr, torch.cat(srcs), torch.cat(dsts), torch.cat(eids)
+    return n_id, num_nodes, hops

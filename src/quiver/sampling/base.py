@@ -7,7 +7,6 @@ gathered in a separate stage, as in PyG's ``sampler``/``loader`` split.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -35,28 +34,33 @@ class Adj(NamedTuple):
         return Adj(self.edge_index.to(*args, **kwargs), self.e_id.to(*args, **kwargs), self.size)
 
 
-@dataclass
 class SampledSubgraph:
-    """Everything one k-hop sample produced, flat, hop by hop (innermost hop first).
+    """Everything one k-hop sample produced, hop by hop (innermost hop first).
 
     Attributes:
         n_id: ``[M]`` int64 global ids of the sampled nodes, seeds first, unique.
         batch_size: number of seeds.
         num_nodes: ``L + 1`` counts: ``len(n_id)`` before hop 0 (= batch_size) and after each hop.
-        edge_ptr: ``L + 1`` offsets of each hop's edges in ``src``/``dst``/``e_id``.
-        src: ``[S]`` int64 local source ids (in-neighbours).
-        dst: ``[S]`` int64 local target ids.
-        e_id: ``[S]`` int64 edge ids (original edge order when the topology has ``eid``, else
-            CSR positions).
+        edge_ptr: ``L + 1`` offsets of each hop's edges in the flat ``src``/``dst``/``e_id``.
+        hops: per hop ``(src [E_h], dst [E_h], e_id [E_h])``: int64 local source ids
+            (in-neighbours), local target ids, and edge ids (original edge order when the
+            topology has ``eid``, else CSR positions).
+
+    ``src``, ``dst`` and ``e_id`` concatenate the hops (computed on first use).
     """
 
-    n_id: torch.Tensor
-    batch_size: int
-    num_nodes: list[int]
-    edge_ptr: list[int]
-    src: torch.Tensor
-    dst: torch.Tensor
-    e_id: torch.Tensor
+    __slots__ = ("n_id", "batch_size", "num_nodes", "edge_ptr", "hops", "_flat")
+
+    def __init__(self, n_id, batch_size: int, num_nodes, hops):
+        self.n_id = n_id
+        self.batch_size = int(batch_size)
+        self.num_nodes = [int(x) for x in num_nodes]
+        self.hops = list(hops)
+        ptr = [0]
+        for src, _, _ in self.hops:
+            ptr.append(ptr[-1] + src.numel())
+        self.edge_ptr = ptr
+        self._flat = None
 
     @property
     def num_hops(self) -> int:
@@ -66,15 +70,45 @@ class SampledSubgraph:
     def num_edges(self) -> int:
         return int(self.edge_ptr[-1])
 
+    def _concat(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self._flat is None:
+            if self.hops:
+                self._flat = tuple(torch.cat([hop[i] for hop in self.hops]) for i in range(3))
+            else:
+                e = self.n_id.new_empty(0)
+                self._flat = (e, e, e)
+        return self._flat
+
+    @property
+    def src(self) -> torch.Tensor:
+        """``[S]`` local source ids of all hops."""
+        return self._concat()[0]
+
+    @property
+    def dst(self) -> torch.Tensor:
+        """``[S]`` local target ids of all hops."""
+        return self._concat()[1]
+
+    @property
+    def e_id(self) -> torch.Tensor:
+        """``[S]`` edge ids of all hops."""
+        return self._concat()[2]
+
     def hop(self, h: int) -> Adj:
         """The ``Adj`` of hop ``h`` (0 = the hop whose targets are the seeds)."""
-        a, b = self.edge_ptr[h], self.edge_ptr[h + 1]
-        edge_index = torch.stack([self.src[a:b], self.dst[a:b]])
-        return Adj(edge_index, self.e_id[a:b], (self.num_nodes[h + 1], self.num_nodes[h]))
+        src, dst, e_id = self.hops[h]
+        edge_index = torch.stack([src, dst])
+        return Adj(edge_index, e_id, (self.num_nodes[h + 1], self.num_nodes[h]))
 
     def adjs(self) -> list[Adj]:
         """Hops ordered from the outermost to the seeds, as PyG's ``NeighborSampler`` returns."""
         return [self.hop(h) for h in reversed(range(self.num_hops))]
+
+    def __repr__(self) -> str:
+        return (
+            f"SampledSubgraph(batch_size={self.batch_size}, num_nodes={self.num_nodes}, "
+            f"num_edges={self.num_edges})"
+        )
 
 
 def check_seeds(seeds, node_count: int) -> torch.Tensor:

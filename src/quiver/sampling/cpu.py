@@ -85,7 +85,7 @@ class CPUSampler(BaseSampler):
 
     def _sample(self, seeds: torch.Tensor) -> SampledSubgraph:
         numba.set_num_threads(self.num_threads)  # thread-local in numba: cheap, no global effect
-        n_id, num_nodes, edge_ptr, src, dst, eid = K.sample_khop(
+        n_id, num_nodes, hops = K.sample_khop(
             self._indptr,
             self._indices,
             self._eid,
@@ -99,12 +99,7 @@ class CPUSampler(BaseSampler):
         )
         if num_nodes[0] < 0:
             raise ValueError("seeds hold duplicate node ids")
+        t = torch.from_numpy
         return SampledSubgraph(
-            torch.from_numpy(n_id),
-            seeds.numel(),
-            num_nodes.tolist(),
-            edge_ptr.tolist(),
-            torch.from_numpy(src),
-            torch.from_numpy(dst),
-            torch.from_numpy(eid),
+            t(n_id), seeds.numel(), num_nodes.tolist(), [(t(a), t(b), t(c)) for a, b, c in hops]
         )

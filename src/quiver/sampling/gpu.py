@@ -124,5 +124,5 @@ class TorchSampler(BaseSampler):
         )
         if out is None:
             raise ValueError("seeds hold duplicate node ids")
-        n_id, num_nodes, edge_ptr, src, dst, eid = out
-        return SampledSubgraph(n_id, seeds.numel(), num_nodes, edge_ptr, src, dst, eid)
+        n_id, num_nodes, hops = out
+        return SampledSubgraph(n_id, seeds.numel(), num_nodes, hops)
