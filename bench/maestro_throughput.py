@@ -173,7 +173,9 @@ def main() -> int:
                 {"teacher.micro_batch_size": 4, "student.micro_batch_size": 4},
                 {"teacher.micro_batch_size": 16, "student.micro_batch_size": 2},
             ]
-        bench_workload("KD", base, layouts, [1, 2, 4, 8] if not args.quick else [2, 4], nproc, repeats)
+        bench_workload(
+            "KD", base, layouts, [1, 2, 4, 8] if not args.quick else [2, 4], nproc, repeats
+        )
     if "mllm" in args.workloads:
         base = with_layout(C.load(ROOT / "examples/mllm.toml"), steps=steps)
         layouts = [

@@ -148,10 +148,12 @@ class MaestroWorker:
 
     def step(self, step: int) -> float:
         """Run one training step; returns this rank's share of the (normalised) loss."""
-        batch = batch_to(self.workload.batch(step), self.device)
-        infos = self.workload.sample_infos(batch, self.graph)
-        schedule = self.scheduler(infos, self.specs)
-        check_schedule(schedule, infos, self.specs)
+        with self.tracer.span("batch + schedule", "schedule"):
+            # every rank builds the same batch and schedule: no coordination needed
+            batch = batch_to(self.workload.batch(step), self.device)
+            infos = self.workload.sample_infos(batch, self.graph)
+            schedule = self.scheduler(infos, self.specs)
+            check_schedule(schedule, infos, self.specs)
         norm = self.workload.normaliser(batch)
         active = {i.sample_id: i.sections for i in infos}
         sec, graph, tr = self.section, self.graph, self.tracer

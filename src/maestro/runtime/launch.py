@@ -212,7 +212,7 @@ def _per_section_totals(
 
 def summary_table(result: dict) -> str:
     """The end-of-run table: per section, its layout, busy fraction and seconds per step."""
-    cats = ["forward", "backward", "optimizer", "comm", "send", "wait"]
+    cats = ["forward", "backward", "optimizer", "comm", "send", "wait", "schedule"]
     head = f"{'section':<10}{'dp':>4}{'mbs':>5}{'busy':>7}" + "".join(f"{c:>10}" for c in cats)
     lines = [
         f"{result['mode']} {result['workload']} on {result['world_size']} ranks: "

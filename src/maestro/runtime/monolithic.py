@@ -47,10 +47,11 @@ class MonolithicWorker:
 
     def step(self, step: int) -> float:
         """One data-parallel step; returns this rank's share of the loss."""
-        batch = batch_to(self.workload.batch(step), self.device)
+        with self.tracer.span("batch + schedule", "schedule"):
+            batch = batch_to(self.workload.batch(step), self.device)
+            infos = [SampleInfo(s["id"], frozenset({"model"})) for s in batch]
+            mine = fifo_schedule(infos, [self.spec]).order["model"][self.rank]
         norm = self.workload.normaliser(batch)
-        infos = [SampleInfo(s["id"], frozenset({"model"})) for s in batch]
-        mine = fifo_schedule(infos, [self.spec]).order["model"][self.rank]
         for o in self.optimizers.values():
             o.zero_grad(set_to_none=True)
         total = 0.0
