@@ -42,6 +42,7 @@ def _parse_sizes(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     import json
+    import math
 
     import torch
 
@@ -86,8 +87,14 @@ def run(args: argparse.Namespace) -> int:
         f = cal.fits[path]
         name = cal.cpu_path if path == "cpu" else cal.gpu_path
         print(f"{path}: latency = {f['a'] * 1e3:.3f} ms + {f['b'] * 1e6:.4f} us/PSGS  ({name})")
-    fmt = lambda t: "never (GPU path not faster)" if t == float("inf") else f"{t:,.0f}"  # noqa: E731
-    print(f"threshold (fit crossover): batch PSGS >= {fmt(cal.threshold)} -> GPU path")
-    print(f"threshold (best on the measured batches): {fmt(cal.empirical_threshold)}")
+    if math.isinf(cal.threshold):
+        print("threshold (fit crossover): none -- the GPU path was not faster at any batch size")
+    else:
+        print(f"threshold (fit crossover): batches with PSGS >= {cal.threshold:,.0f} -> GPU path")
+    emp = cal.empirical_threshold
+    print(
+        "threshold (best on the measured batches): "
+        + ("none" if math.isinf(emp) else f"PSGS >= {emp:,.0f}")
+    )
     print(f"wrote {d / 'manifest.json'} ['calibration'] and {plot}")
     return 0
