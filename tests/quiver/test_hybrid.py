@@ -182,7 +182,7 @@ def test_calibrate_cli_writes_manifest_and_plot(tmp_path, capsys):
     d = tmp_path / "tiny"
     synthetic("tiny", seed=0, out=d)
     before = json.loads((d / "manifest.json").read_text())
-    rc = main(["calibrate", str(d), "--max-batch", "32", "--repeats", "1", "--device", "cpu"])
+    rc = main(["calibrate", str(d), "--max-batch", "16", "--repeats", "1", "--device", "cpu"])
     assert rc == 0
     after = json.loads((d / "manifest.json").read_text())
     assert {k: v for k, v in after.items() if k != "calibration"} == before
