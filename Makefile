@@ -36,8 +36,9 @@ format: $(STAMP)
 bench: $(STAMP)
 	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
-# Baseline envs for the benchmarks (.bench-env/pyg: torch-sparse built from source, ~15 min;
-# .bench-env/dgl: torch 2.2.1 + dgl 2.1.0, ~2.8 GB download). Idempotent; never run by test/CI.
+# Baseline envs for the benchmarks (.bench-env/pyg: torch-scatter + torch-sparse built from source,
+# 20-60 min; .bench-env/dgl: torch 2.2.1 + dgl 2.1.0, ~2.8 GB download). Idempotent; never run by
+# test/CI. See README "Baselines".
 bench-env: $(STAMP)
 	bench/baselines/build_envs.sh all
 	$(PY) bench/baselines/check_envs.py --verify

@@ -3,16 +3,18 @@
 # .bench-env/, from package registries only (PyPI, Debian). Run through `make bench-env`; never
 # part of `make test`, `make demo` or CI.
 #
-#   .bench-env/pyg    torch==<main .venv's torch>, this package (editable) and torch-sparse 0.6.18
-#                     built from its sdist against that torch (PyG's fast CPU sampler backend)
+#   .bench-env/pyg    torch==<main .venv's torch>, this package (editable), and torch-sparse 0.6.18
+#                     with torch-scatter 2.1.2 (which it imports), both built from their sdists
+#                     against that torch: PyG's fast CPU sampler backend
 #   .bench-env/dgl    torch==2.2.1 and dgl==2.1.0 (DGL's own pins; deliberately not our torch)
-#   .bench-env/wheels the cached torch-sparse wheel, keyed by the torch it was built against
+#   .bench-env/wheels the cached source-built wheels, keyed by the torch they were built against
 #   .bench-env/logs   full pip output of each step
 #
 # Usage: bench/baselines/build_envs.sh [pyg|dgl|all]     (default: all)
 # Idempotent: an env whose .ready stamp matches this script's inputs is left alone; delete the
 # stamp (or the env) to rebuild it. Each env is smoke-tested (verify_*.py) before it is stamped.
 set -euo pipefail
+shopt -s inherit_errexit
 cd "$(dirname "$0")/../.."
 
 ROOT=.bench-env
@@ -20,11 +22,13 @@ MAIN_PY=.venv/bin/python
 HERE=bench/baselines
 LOGS=$ROOT/logs
 TORCH_SPARSE_VERSION=0.6.18
+TORCH_SCATTER_VERSION=2.1.2
 DGL_TORCH_VERSION=2.2.1
 DGL_VERSION=2.1.0
 TORCHDATA_VERSION=0.7.1
 
-log() { printf '[bench-env %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+# On stderr, so that functions can return values on stdout.
+log() { printf '[bench-env %s] %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 
 # run_logged LOGFILE CMD...: appends CMD's output to LOGFILE; on failure shows its tail.
 run_logged() {
@@ -60,8 +64,34 @@ new_venv() {
     fi
 }
 
+# source_wheel DIST VERSION WHEEL_DIR: prints the path of DIST's wheel in WHEEL_DIR, first
+# building it from its sdist with the main .venv's python (and so against its torch) if absent.
+source_wheel() {
+    local dist=$1 version=$2 wheel_dir=$3 wheel
+    local prefix=${dist//-/_}-$version
+    mkdir -p "$wheel_dir" "$ROOT/sdist"
+    wheel=$(ls "$wheel_dir/$prefix"-*.whl 2>/dev/null | head -n 1 || true)
+    if [[ -n $wheel ]]; then
+        log "pyg: using cached $wheel"
+        echo "$wheel"
+        return
+    fi
+    log "pyg: downloading the $dist $version sdist"
+    # --no-build-isolation: pip prepares the sdist's metadata, and its setup.py imports torch.
+    run_logged "$LOGS/pyg.log" "$MAIN_PY" -m pip download --no-deps --no-binary :all: \
+        --no-build-isolation -d "$ROOT/sdist" "$dist==$version"
+    log "pyg: compiling $dist against $("$MAIN_PY" -c 'import torch; print(torch.__version__)')" \
+        "(torch-sparse: 13 min on 2 idle cores, 40 min on busy ones; log: $LOGS/pyg.log)"
+    # nice: the cores are shared with whoever else works on this machine.
+    FORCE_ONLY_CPU=1 run_logged "$LOGS/pyg.log" nice -n 19 "$MAIN_PY" -m pip wheel --no-deps \
+        --no-build-isolation -w "$wheel_dir" "$ROOT/sdist/$prefix.tar.gz"
+    wheel=$(ls "$wheel_dir/$prefix"-*.whl | head -n 1)
+    log "pyg: built $wheel"
+    echo "$wheel"
+}
+
 build_pyg() {
-    local torch_version fp wheel_dir wheel start
+    local torch_version fp wheel_dir scatter_wheel sparse_wheel start
     [[ -x $MAIN_PY ]] || { log "no $MAIN_PY: run 'make venv' first"; exit 1; }
     torch_version=$("$MAIN_PY" -c 'import torch; print(torch.__version__)')
     fp=$(fingerprint "$HERE/build_envs.sh" constraints.txt pyproject.toml "$HERE/verify_pyg.py"; echo "$torch_version")
@@ -73,34 +103,19 @@ build_pyg() {
     start=$(date +%s)
     : >"$LOGS/pyg.log"
 
-    # The wheel is only ABI-compatible with the exact torch it was compiled against.
+    # The wheels are only ABI-compatible with the exact torch they were compiled against.
     wheel_dir=$ROOT/wheels/torch-$torch_version
-    mkdir -p "$wheel_dir" "$ROOT/sdist"
-    wheel=$(ls "$wheel_dir"/torch_sparse-"$TORCH_SPARSE_VERSION"-*.whl 2>/dev/null | head -n 1 || true)
-    if [[ -z $wheel ]]; then
-        log "pyg: downloading the torch-sparse $TORCH_SPARSE_VERSION sdist"
-        # --no-build-isolation: pip prepares the sdist's metadata, and its setup.py imports torch.
-        run_logged "$LOGS/pyg.log" "$MAIN_PY" -m pip download --no-deps --no-binary :all: \
-            --no-build-isolation -d "$ROOT/sdist" "torch-sparse==$TORCH_SPARSE_VERSION"
-        log "pyg: compiling torch-sparse against torch $torch_version (about 13 min on 2 cores;" \
-            "log: $LOGS/pyg.log)"
-        # nice: the cores are shared with whoever else works on this machine.
-        FORCE_ONLY_CPU=1 run_logged "$LOGS/pyg.log" nice -n 19 "$MAIN_PY" -m pip wheel --no-deps \
-            --no-build-isolation -w "$wheel_dir" \
-            "$ROOT/sdist/torch_sparse-$TORCH_SPARSE_VERSION.tar.gz"
-        wheel=$(ls "$wheel_dir"/torch_sparse-"$TORCH_SPARSE_VERSION"-*.whl | head -n 1)
-        log "pyg: built $wheel"
-    else
-        log "pyg: using cached $wheel"
-    fi
+    # torch-sparse imports torch-scatter at load time (without declaring it), so both are built.
+    scatter_wheel=$(source_wheel torch-scatter "$TORCH_SCATTER_VERSION" "$wheel_dir")
+    sparse_wheel=$(source_wheel torch-sparse "$TORCH_SPARSE_VERSION" "$wheel_dir")
 
     new_venv pyg
-    log "pyg: installing torch==${torch_version%%+*}, this package and torch-sparse"
+    log "pyg: installing torch==${torch_version%%+*}, this package, torch-scatter and torch-sparse"
     run_logged "$LOGS/pyg.log" "$ROOT/pyg/bin/python" -m pip install -c constraints.txt \
         "torch==${torch_version%%+*}"
     # serve extra: the serving benchmarks run their PyG baseline behind the same HTTP front end.
     run_logged "$LOGS/pyg.log" "$ROOT/pyg/bin/python" -m pip install -c constraints.txt \
-        -e '.[serve]' "$wheel"
+        -e '.[serve]' "$scatter_wheel" "$sparse_wheel"
 
     log "pyg: verifying NeighborLoader on the torch-sparse backend"
     "$ROOT/pyg/bin/python" "$HERE/verify_pyg.py"
@@ -145,6 +160,10 @@ mkdir -p "$LOGS"
 case $target in
     pyg) build_pyg ;;
     dgl) build_dgl ;;
-    all) build_pyg && build_dgl ;;
+    # Not `build_pyg && build_dgl`: bash ignores `set -e` inside functions called from `&&`.
+    all)
+        build_pyg
+        build_dgl
+        ;;
     *) echo "usage: $0 [pyg|dgl|all]" >&2; exit 2 ;;
 esac

@@ -28,7 +28,9 @@ def check(ok: bool, what: str) -> None:
 
 
 def main() -> None:
-    dgl.seed(0)  # DGL's sampler has its own generator
+    # DGL's sampler has its own generator; its OpenMP sampling still varies from run to run,
+    # which is why the checks below are exact invariants rather than counts.
+    dgl.seed(0)
     gen = torch.Generator().manual_seed(0)
     src = torch.randint(0, NUM_NODES, (NUM_EDGES,), generator=gen)
     dst = torch.randint(0, NUM_NODES, (NUM_EDGES,), generator=gen)
