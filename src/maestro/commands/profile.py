@@ -13,7 +13,7 @@ def register(sub) -> None:
     p.add_argument("config", metavar="CONFIG", help="run config TOML")
     p.add_argument("--out", default="profile.json", help="output JSON (default profile.json)")
     p.add_argument("--sizes", default="1,2,4,8", help="micro-batch sizes to time")
-    p.add_argument("--repeats", type=int, default=3, help="timings per micro-batch (median)")
+    p.add_argument("--repeats", type=int, default=3, help="timings per micro-batch (fastest kept)")
     p.add_argument(
         "--threads",
         type=int,

@@ -2,7 +2,7 @@
 
 For every section and a few micro-batch sizes, it runs real micro-batches of the workload's
 synthetic samples (producer outputs computed first, as the runtime would receive them) and
-records forward and forward+backward seconds (median of repeats), output bytes per sample,
+records forward and forward+backward seconds (fastest of repeats), output bytes per sample,
 gradient bytes, the optimizer step, and the per-step overhead every rank pays (building the
 global batch and its ``SampleInfo`` list). The result is a JSON-able dict that
 ``MeasuredCostModel.from_profile`` fits. Issue 8's planner may grow this into a full profiler.
@@ -22,13 +22,14 @@ from maestro.costmodel import micro_batch_features
 _BYTE_KEYS = ("images", "audio", "text_tokens", "tokens", "samples")
 
 
-def _median_time(fn, repeats: int) -> float:
-    times = []
+def _fastest_time(fn, repeats: int) -> float:
+    # the fastest repeat: other processes on a shared machine only ever add time
+    best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        best = min(best, time.perf_counter() - t)
+    return best
 
 
 def profile_config(
@@ -45,7 +46,7 @@ def profile_config(
         config: the run config; its workload, model sizes, seed and dtype are used.
         sizes: micro-batch sizes to time (capped by the activated samples available).
         draws: random micro-batches per size (different sequence lengths).
-        repeats: timings per micro-batch; the median is kept.
+        repeats: timings per micro-batch; the fastest is kept.
         threads: torch intra-op threads (default: ``config.threads``, as each rank uses).
         seed: picks the micro-batches.
 
@@ -73,7 +74,7 @@ def profile_config(
             b = wl.batch(0)
             wl.sample_infos(b, graph)
 
-        step_overhead = _median_time(overhead, repeats)
+        step_overhead = _fastest_time(overhead, repeats)
         # two global batches, ids made unique, give enough samples of every kind
         batch = []
         for step in range(2):
@@ -144,10 +145,10 @@ def _profile_section(sec, graph, act, outs, infos, sizes, draws, repeats, rng, c
             forward(mb)  # warm-up (allocator, kernels)
             row = {
                 "features": micro_batch_features(infos[s["id"]].cost for s in mb),
-                "forward_s": _median_time(lambda mb=mb: forward(mb), repeats),
+                "forward_s": _fastest_time(lambda mb=mb: forward(mb), repeats),
             }
             if trainable:
-                row["forward_backward_s"] = _median_time(
+                row["forward_backward_s"] = _fastest_time(
                     lambda mb=mb: forward_backward(mb), repeats
                 )
             rows.append(row)
@@ -176,7 +177,7 @@ def _profile_section(sec, graph, act, outs, infos, sizes, draws, repeats, rng, c
         opt = make_opt(config.sections[name], params)
         for p in params:
             p.grad = torch.zeros_like(p)
-        optimizer_s = _median_time(opt.step, repeats)
+        optimizer_s = _fastest_time(opt.step, repeats)
         sec.module.zero_grad(set_to_none=True)
     return {
         "rows": rows,
