@@ -146,8 +146,8 @@ def memory_limits(indices: np.ndarray) -> dict:
     import numba
 
     @numba.njit(nogil=True)
-    def chase(nxt, steps):
-        i = 0
+    def chase(nxt, start, steps):
+        i = start
         for _ in range(steps):
             i = nxt[i]
         return i
@@ -168,9 +168,9 @@ def memory_limits(indices: np.ndarray) -> dict:
     nxt = np.zeros(n, dtype=np.int64)
     nxt[slots[order]] = slots[np.roll(order, -1)]
     steps = 2_000_000
-    chase(nxt, 1000)
+    chase(nxt, slots[0], 1000)
     t0 = time.perf_counter()
-    chase(nxt, steps)
+    chase(nxt, slots[0], steps)
     chase_ns = (time.perf_counter() - t0) / steps * 1e9
     del nxt
     pos = rng.integers(0, n, 4_000_000)

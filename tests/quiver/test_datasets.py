@@ -181,7 +181,16 @@ def _accuracy(ds, gnn: bool, epochs=60):
         return (fwd(data.x)[te].argmax(1) == data.y[te]).float().mean().item()
 
 
-def test_gnn_beats_feature_only_mlp_on_small():
+@pytest.fixture
+def one_torch_thread():
+    # tiny full-batch models: intra-op threads only add barrier waits on shared cores
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_gnn_beats_feature_only_mlp_on_small(one_torch_thread):
     ds = synthetic("small", seed=0)
     mlp, gnn = _accuracy(ds, gnn=False), _accuracy(ds, gnn=True)
     chance = 1 / ds.num_classes

@@ -124,7 +124,7 @@ def test_uniform_over_subsets_chi_square(kind):
 
 
 @pytest.mark.parametrize("kind", KERNELS)
-def test_uniform_neighbour_frequencies_across_calls(graph, kind):
+def test_uniform_neighbour_frequencies_across_calls(graph, kind, one_torch_thread):
     # repeated multi-hop calls on a hub: each in-neighbour is picked with probability k/deg
     ei, topo = graph
     hub = int(torch.argmax(topo.degree))
@@ -142,7 +142,16 @@ def test_uniform_neighbour_frequencies_across_calls(graph, kind):
     assert stats.chisquare(observed).pvalue > 1e-3
 
 
-def test_gpu_kernel_agrees_in_distribution_with_cpu_kernel(graph):
+@pytest.fixture
+def one_torch_thread():
+    # many tiny torch ops: intra-op threads only add barrier waits on shared cores
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_gpu_kernel_agrees_in_distribution_with_cpu_kernel(graph, one_torch_thread):
     _, topo = graph
     hub = int(torch.argmax(topo.degree))
     seeds = torch.tensor([hub, 3, 9])
@@ -151,7 +160,7 @@ def test_gpu_kernel_agrees_in_distribution_with_cpu_kernel(graph):
         sampler = make_sampler(kind, topo, [8, 4], seed=21)
         freq = Counter()
         n_sizes = []
-        for _ in range(600):
+        for _ in range(400):
             out = sampler.sample_subgraph(seeds)
             a, b = out.edge_ptr[0], out.edge_ptr[1]
             hub_edges = out.dst[a:b] == 0
