@@ -133,8 +133,9 @@ def main() -> int:
         for frac in fractions:
             cells = []
             for p in PLACEMENTS:
-                feat = Feature(0, ["cpu"], int(frac * n) * row, order=orders[p])
-                feat.from_cpu_tensor(x)
+                # the CPU tiering (d): a RAM cache of hot rows over the memory-mapped file
+                feat = Feature(host_cache_size=int(frac * n) * row, order=orders[p])
+                feat.from_mmap(Path(args.dataset) / "features.npy")
                 hit, gbs = gather_stream(feat, n_ids)
                 results[(sname, frac, p)] = (hit, gbs)
                 cells.append(f"{hit * 100:10.1f}% {gbs:11.2f}")

@@ -338,3 +338,21 @@ def test_cuda_tiers_gather_exactly(policy, topo, x, tmp_path):
     mm = Feature(0, devices, ROW * 60, policy, csr_topo=topo, host_cache_size=ROW * 100)
     mm.from_mmap(tmp_path / "f.npy")
     assert torch.equal(mm[ids].cpu(), x[ids.cpu()])
+
+
+def test_torch_paths_of_device_tiers_on_cpu_tensors(x):
+    """The torch index_select/index_copy_ code the GPU runs, exercised on CPU tensors."""
+    from quiver.feature.tiers import CliqueTier, ReplicatedTier
+
+    block = x[:40].contiguous()
+    local = np.array([39, 0, 7, 7, 21], dtype=np.int64)
+    sel = np.array([4, 0, 2, 1, 3], dtype=np.int64)
+    rep = ReplicatedTier(0, 40, {torch.device("cpu"): block}, gather=None)
+    out = torch.zeros(5, DIM)
+    rep.read_into(local, out, sel)
+    assert torch.equal(out[torch.from_numpy(sel)], block[torch.from_numpy(local)])
+    shards = [(torch.device("cpu"), 0, 25, block[:25]), (torch.device("cpu"), 25, 40, block[25:])]
+    clique = CliqueTier(0, 40, shards, gather=None)
+    out2 = torch.zeros(5, DIM)
+    clique.read_into(local, out2, sel)
+    assert torch.equal(out2, out)

@@ -170,7 +170,7 @@ class Feature:
         if self.cache_policy == "device_replicate":
             block = rows_at(0, per_dev)
             replicas = {d: block.to(d) for d in dict.fromkeys(self.devices)}
-            self.tiers.append(ReplicatedTier(0, per_dev, replicas))
+            self.tiers.append(ReplicatedTier(0, per_dev, replicas, self._gather))
             return per_dev
         peer = self.peer_access or _default_peer_access(self.devices)
         self.cliques = detect_cliques(len(self.devices), peer)
@@ -181,7 +181,7 @@ class Feature:
             lo, hi = min(cap, k * per_dev), min(cap, (k + 1) * per_dev)
             if hi > lo:
                 shards.append((self.devices[m], lo, hi, rows_at(lo, hi).to(self.devices[m])))
-        self.tiers.append(CliqueTier(0, cap, shards))
+        self.tiers.append(CliqueTier(0, cap, shards, self._gather))
         return cap
 
     def _check_source(self, shape, dtype) -> tuple[int, int]:

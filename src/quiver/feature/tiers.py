@@ -40,6 +40,11 @@ class Tier:
         raise NotImplementedError
 
 
+def _cpu_pair(src: torch.Tensor, out: torch.Tensor) -> bool:
+    """Both on the CPU (tests, CPU "devices"): use the threaded numba gather, not torch ops."""
+    return src.device.type == "cpu" and out.device.type == "cpu" and src.is_contiguous()
+
+
 class ReplicatedTier(Tier):
     """(a) The same rows on every device; a read uses the copy on the output's device.
 
@@ -47,12 +52,22 @@ class ReplicatedTier(Tier):
         replicas: ``{device: [rows, dim] tensor}``.
     """
 
-    def __init__(self, start: int, stop: int, replicas: dict[torch.device, torch.Tensor]):
+    def __init__(
+        self,
+        start: int,
+        stop: int,
+        replicas: dict[torch.device, torch.Tensor],
+        gather: RowGather | None = None,
+    ):
         super().__init__("device", start, stop)
         self.replicas = replicas
+        self.gather = gather
 
     def read_into(self, local, out, sel):
         src = self.replicas[out.device]
+        if _cpu_pair(src, out) and self.gather is not None:
+            self.gather(as_words(src.numpy()), local, as_words(out.numpy()), sel)
+            return
         local_t = torch.from_numpy(local).to(src.device)
         out.index_copy_(0, torch.from_numpy(sel).to(out.device), src.index_select(0, local_t))
 
@@ -70,14 +85,24 @@ class CliqueTier(Tier):
             live on ``device``.
     """
 
-    def __init__(self, start: int, stop: int, shards: list[tuple[torch.device, int, int, object]]):
+    def __init__(
+        self,
+        start: int,
+        stop: int,
+        shards: list[tuple[torch.device, int, int, object]],
+        gather: RowGather | None = None,
+    ):
         super().__init__("clique", start, stop)
         self.shards = shards
+        self.gather = gather
 
     def read_into(self, local, out, sel):
         for _, lo, hi, t in self.shards:
             m = (local >= lo) & (local < hi)
             if not m.any():
+                continue
+            if _cpu_pair(t, out) and self.gather is not None:
+                self.gather(as_words(t.numpy()), local[m] - lo, as_words(out.numpy()), sel[m])
                 continue
             rows = t.index_select(0, torch.from_numpy(local[m] - lo).to(t.device))
             # a peer read: on CUDA this copies over NVLink into the output's device
