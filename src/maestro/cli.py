@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "maestro.commands.train",
     "maestro.commands.simulate",
     "maestro.commands.profile",
+    "maestro.commands.plan",
 ]
 
 

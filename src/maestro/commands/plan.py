@@ -1,0 +1,103 @@
+"""``maestro plan``: choose each section's dp, tp and micro-batch size for a GPU budget."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="search per-section dp/tp/micro-batch layouts; GPU-hours against monolithic",
+        description=(
+            "CONFIG is a paper-like scenario (kd, mllm, mllm-audio), a scenario file "
+            "(examples/paper_*.toml) on analytical GPU presets, or a run config TOML timed "
+            "on this machine. Prints the Maestro and the best monolithic plan (same search "
+            "effort), their predicted step time, throughput and GPU-hours per million "
+            "samples, and the GPUs Maestro needs to match the monolithic throughput."
+        ),
+    )
+    p.add_argument("config", metavar="CONFIG", help="kd | mllm | mllm-audio | path/to/file.toml")
+    p.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="GPU budget (default: the scenario's, or the run config's sum of dp)",
+    )
+    p.add_argument(
+        "--target-samples-per-s",
+        type=float,
+        default=None,
+        help="also find the fewest GPUs (up to --gpus) whose Maestro plan reaches this rate",
+    )
+    p.add_argument(
+        "--monolithic",
+        action="store_true",
+        help="write the monolithic plan to --out instead of the per-section one",
+    )
+    p.add_argument("--out", default=None, help="write the chosen plan as TOML here")
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="JSON profile from `maestro profile` (run configs; measured now if omitted)",
+    )
+    p.add_argument(
+        "--simulate-top",
+        type=int,
+        default=3,
+        help="layouts replayed in the simulator per plan (default 3)",
+    )
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="re-plan with each per-section freedom off; print what each is worth",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from maestro.plan import (
+        SearchOptions,
+        breakdown,
+        compare,
+        format_comparison,
+        gpus_to_match,
+        load_workload,
+        plan_toml,
+    )
+
+    if args.simulate_top < 1:
+        raise ValueError(f"--simulate-top must be >= 1, got {args.simulate_top}")
+    if args.target_samples_per_s is not None and not args.target_samples_per_s > 0:
+        raise ValueError(f"--target-samples-per-s must be > 0, got {args.target_samples_per_s}")
+    if args.out is not None and not Path(args.out).parent.is_dir():
+        raise FileNotFoundError(f"--out: directory {Path(args.out).parent} does not exist")
+    wl = load_workload(args.config, args.gpus, args.profile)
+    opts = SearchOptions(simulate_top=args.simulate_top)
+    c = compare(wl, wl.gpus, opts)
+    print(format_comparison(wl.label, wl.gpus, c))
+    if args.target_samples_per_s is not None:
+        got = gpus_to_match(
+            wl.samples, wl.sections, wl.cost_model, args.target_samples_per_s, wl.gpus, opts
+        )
+        if got is None:
+            print(
+                f"target {args.target_samples_per_s:g} samples/s: not reached within {wl.gpus} GPUs"
+            )
+        else:
+            print(
+                f"target {args.target_samples_per_s:g} samples/s: {got.gpus} GPUs "
+                f"({got.samples_per_s:.1f} samples/s; {got.describe()})"
+            )
+    if args.breakdown:
+        b = breakdown(wl, wl.gpus, opts)
+        full = b.pop("full")
+        print(f"\nbreakdown: GPU-h/M samples added when one freedom is off (full plan {full:.2f})")
+        for label, extra in b.items():
+            print(f"  {label:<54}{extra:>+9.2f}")
+    if args.out is not None:
+        plan = c.monolithic if args.monolithic else c.maestro
+        Path(args.out).write_text(plan_toml(wl, plan))
+        print(f"wrote {args.out} ({'monolithic' if args.monolithic else 'per-section'} plan)")
+    return 0

@@ -1,0 +1,166 @@
+"""What the planner plans for: a global batch, a section graph and a cost model.
+
+Three sources, by the CONFIG argument of ``maestro plan``:
+
+- a paper-like scenario name (``kd``, ``mllm``, ``mllm-audio``; see ``maestro.sim.scenarios``)
+  on an analytical GPU preset;
+- a scenario file: TOML with a ``[scenario]`` table (``examples/paper_*.toml``);
+- a run config TOML (``examples/kd.toml``): its workload's real batch, timed on this machine
+  (``maestro profile``) for a ``MeasuredCostModel``; tp is 1 and memory is not limited.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from maestro.costmodel import CostModel
+from maestro.schedule.types import SampleInfo, SectionSpec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SCENARIOS = ("kd", "mllm", "mllm-audio")
+#: image+audio share of the mllm-audio scenario at 40% text-only (kept proportional).
+_AUDIO_AT_40 = 0.15
+
+
+@dataclass
+class ScenarioSpec:
+    """A paper-like scenario, as in the ``[scenario]`` table of ``examples/paper_*.toml``."""
+
+    name: str = "kd"
+    """``kd``, ``mllm`` or ``mllm-audio``."""
+    gpu: str = "H100"
+    """Analytical GPU preset: ``H100`` or ``H200``."""
+    gpus: int = 256
+    """Default GPU budget (``--gpus`` overrides)."""
+    samples_per_gpu: int = 8
+    """Global batch per GPU of the budget; the batch is fixed when fewer GPUs are planned."""
+    text_only: float = 0.4
+    """Text-only share of MLLM samples (the rest carry an image; in ``mllm-audio``, images
+    and image+audio keep the 45:15 split)."""
+    seed: int = 0
+    """Seed of the synthetic batch."""
+
+    def validate(self) -> None:
+        """``ValueError`` naming the first bad field."""
+        if self.name not in SCENARIOS:
+            raise ValueError(
+                f"scenario.name: unknown scenario {self.name!r}; choose one of: "
+                f"{', '.join(SCENARIOS)}"
+            )
+        if self.gpus < 1:
+            raise ValueError(f"scenario.gpus must be >= 1, got {self.gpus}")
+        if self.samples_per_gpu < 1:
+            raise ValueError(f"scenario.samples_per_gpu must be >= 1, got {self.samples_per_gpu}")
+        if not 0 <= self.text_only <= 1:
+            raise ValueError(f"scenario.text_only must be in [0, 1], got {self.text_only}")
+
+
+@dataclass
+class Workload:
+    """A planning problem's fixed part.
+
+    Args:
+        label: for reports.
+        samples: the global batch.
+        sections: the section graph (dp and micro-batch sizes are what the planner chooses).
+        cost_model: analytical (scenarios) or measured (run configs).
+        gpus: the default GPU budget.
+        config: the run config, when planning one (the output keeps everything else).
+        scenario: the scenario, when planning one.
+    """
+
+    label: str
+    samples: list[SampleInfo]
+    sections: list[SectionSpec]
+    cost_model: CostModel
+    gpus: int
+    config: object | None = None
+    scenario: ScenarioSpec | None = None
+
+
+def scenario_workload(spec: ScenarioSpec, gpus: int | None = None) -> Workload:
+    """Build the scenario's batch (``samples_per_gpu * spec.gpus`` samples) and graph."""
+    from maestro.sim.scenarios import build, mllm_samples
+
+    spec.validate()
+    n = spec.samples_per_gpu * spec.gpus
+    sc = build(spec.name, max(spec.gpus, 3), n, spec.gpu, spec.seed, spec.text_only)
+    samples = sc.samples
+    if spec.name == "mllm-audio" and spec.text_only != 0.4:
+        audio = _AUDIO_AT_40 * (1 - spec.text_only) / 0.6
+        samples = mllm_samples(n, spec.text_only, audio, spec.seed)
+    label = (
+        f"{spec.name} ({spec.gpu}, {spec.text_only:.0%} text-only)"
+        if "mllm" in spec.name
+        else f"{spec.name} ({spec.gpu})"
+    )
+    return Workload(label, samples, sc.sections, sc.cost_model, gpus or spec.gpus, None, spec)
+
+
+def load_scenario(path: Path) -> ScenarioSpec:
+    """Read a scenario file's ``[scenario]`` table (unknown keys are errors)."""
+    data = tomllib.loads(path.read_text())
+    table = data.get("scenario")
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: no [scenario] table")
+    known = {f.name for f in fields(ScenarioSpec)}
+    for k in table:
+        if k not in known:
+            raise ValueError(
+                f"scenario.{k}: unknown field; known fields: {', '.join(sorted(known))}"
+            )
+    spec = ScenarioSpec(**table)
+    spec.validate()
+    return spec
+
+
+def load_workload(config: str, gpus: int | None = None, profile: str | None = None) -> Workload:
+    """The workload named by ``maestro plan``'s CONFIG argument.
+
+    Args:
+        config: a scenario name, a scenario TOML or a run config TOML.
+        gpus: the budget (default: the scenario's, or the run config's sum of dp).
+        profile: JSON profile from ``maestro profile`` for a run config (measured now if
+            omitted).
+    """
+    if gpus is not None and gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {gpus}")
+    if config in SCENARIOS:
+        return scenario_workload(ScenarioSpec(name=config, gpus=gpus or 256), gpus)
+    path = Path(config)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"config file not found: {path} (or give a scenario: {', '.join(SCENARIOS)})"
+        )
+    try:
+        head = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: invalid TOML: {e}") from None
+    if "scenario" in head:
+        spec = load_scenario(path)
+        if gpus is not None:
+            spec.gpus = gpus
+        return scenario_workload(spec, gpus)
+
+    from maestro.config import load
+    from maestro.costmodel import MeasuredCostModel
+    from maestro.workloads import get_workload
+
+    cfg = load(path)
+    if profile is None:
+        from maestro.sim.profile import profile_config
+
+        print("profiling the sections on this machine (pass --profile to reuse one) ...")
+        cm = MeasuredCostModel.from_profile(profile_config(cfg))
+    else:
+        cm = MeasuredCostModel.from_profile(profile)
+    wl = get_workload(cfg)
+    graph = wl.graph(build=[])  # routing only: no weights
+    samples = wl.sample_infos(wl.batch(0), graph)
+    return Workload(path.stem, samples, cfg.section_specs(), cm, gpus or cfg.world_size, cfg)

@@ -1,0 +1,179 @@
+"""The planner's search: memory limits, GPU budgets, TP model, monolithic equivalence."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from maestro.costmodel import GPU_PRESETS, AnalyticalCostModel, SectionShape
+from maestro.plan import (
+    Ablation,
+    ScenarioSpec,
+    SearchOptions,
+    TPCostModel,
+    gpus_to_match,
+    plan_maestro,
+    plan_monolithic,
+)
+from maestro.plan.search import _balanced_order, _Problem
+from maestro.plan.workload import scenario_workload
+from maestro.schedule.types import SampleInfo, SectionSpec
+from maestro.sim.scenarios import SHAPES
+
+FEATS = {"samples": 4.0, "tokens": 4096.0, "tokens_sq": 4 * 1024.0**2}
+
+
+@pytest.fixture(scope="module")
+def kd16():
+    return scenario_workload(ScenarioSpec(name="kd", gpus=16, samples_per_gpu=4))
+
+
+@pytest.fixture(scope="module")
+def mllm16():
+    return scenario_workload(ScenarioSpec(name="mllm-audio", gpus=16, samples_per_gpu=4))
+
+
+def test_tp1_is_the_base_model_exactly():
+    base = AnalyticalCostModel({"llm": SHAPES["llm"]})
+    tp = TPCostModel(base, {"llm": 1})
+    assert tp.forward_time("llm", FEATS) == base.forward_time("llm", FEATS)
+    assert tp.backward_time("llm", FEATS) == base.backward_time("llm", FEATS)
+    assert tp.allreduce_time("llm", 8, False) == base.allreduce_time("llm", 8, False)
+    assert tp.memory_bytes("llm", FEATS, True) == base.memory_bytes("llm", FEATS, True)
+
+
+def test_tp_splits_compute_and_memory_but_pays_communication():
+    base = AnalyticalCostModel({"llm": SHAPES["llm"]})
+    f1 = base.forward_time("llm", FEATS)
+    for t in (2, 4, 8):
+        m = TPCostModel(base, {"llm": t})
+        ft = m.forward_time("llm", FEATS)
+        assert f1 / t < ft < f1  # faster, but not perfectly
+        assert m.memory_bytes("llm", FEATS, True) == pytest.approx(
+            base.memory_bytes("llm", FEATS, True) / t
+        )
+    with pytest.raises(ValueError, match="tp of section"):
+        TPCostModel(base, {"llm": 0})
+
+
+@pytest.mark.parametrize("gpus", [4, 8, 13, 16])
+def test_plans_respect_the_gpu_budget(mllm16, gpus):
+    p = plan_maestro(mllm16.samples, mllm16.sections, mllm16.cost_model, gpus)
+    assert set(p.sections) == {"vision", "audio", "llm"}
+    assert p.gpus == sum(s.dp * s.tp for s in p.sections.values()) <= gpus
+    assert all(s.dp >= 1 and s.tp in (1, 2, 4, 8) for s in p.sections.values())
+    mono = plan_monolithic(mllm16.samples, mllm16.sections, mllm16.cost_model, gpus)
+    (tp,) = {s.tp for s in mono.sections.values()}
+    (dp,) = {s.dp for s in mono.sections.values()}
+    assert mono.gpus == dp * tp <= gpus and dp == gpus // tp
+
+
+def test_gpu_budget_below_one_per_section_is_an_error(mllm16):
+    with pytest.raises(ValueError, match="at least one GPU per section"):
+        plan_maestro(mllm16.samples, mllm16.sections, mllm16.cost_model, 2)
+    # three sections fit three GPUs only if the 7B LLM fitted one GPU; it needs tp >= 2
+    with pytest.raises(ValueError, match="no layout of the sections fits within 3 GPUs"):
+        plan_maestro(mllm16.samples, mllm16.sections, mllm16.cost_model, 3)
+
+
+def test_memory_limit_is_respected_and_forces_tp(kd16):
+    cm = kd16.cost_model
+    teacher_weights = 2.0 * SHAPES["teacher"].params
+    # room for the teacher's weights on 2 GPUs but not on 1: tp must be >= 2
+    limit = 0.7 * teacher_weights
+    opts = SearchOptions(memory_limit=limit)
+    p = plan_maestro(kd16.samples, kd16.sections, cm, 16, opts)
+    assert all(s.memory <= limit for s in p.sections.values())
+    assert p.sections["teacher"].tp >= 2
+    free = plan_maestro(kd16.samples, kd16.sections, cm, 16, SearchOptions(memory_limit=1e15))
+    assert free.sections["teacher"].memory > limit or free.sections["teacher"].tp >= 2
+    mono = plan_monolithic(kd16.samples, kd16.sections, cm, 16, opts)
+    assert all(s.memory <= limit for s in mono.sections.values())
+    # the monolithic replica holds both models: it needs at least the larger tp
+    assert mono.sections["teacher"].tp >= max(s.tp for s in p.sections.values())
+    with pytest.raises(ValueError, match="fits"):
+        plan_maestro(kd16.samples, kd16.sections, cm, 16, SearchOptions(memory_limit=1e9))
+    with pytest.raises(ValueError, match="no monolithic layout fits"):
+        plan_monolithic(kd16.samples, kd16.sections, cm, 16, SearchOptions(memory_limit=1e9))
+
+
+def test_producer_holding_its_batch_needs_enough_replicas(mllm16):
+    # the trainable vision encoder runs all forwards before its backwards, so its kept
+    # activations shrink only with more replicas: a tight limit without recompute needs dp
+    opts = SearchOptions(recompute_choices=(False,), tp_choices=(1,), memory_limit=20e9)
+    wl = replace(mllm16, sections=[s for s in mllm16.sections if s.name != "audio"])
+    wl.sections[-1] = replace(wl.sections[-1], inputs=("vision",))
+    samples = [replace(s, sections=s.sections - {"audio"}) for s in wl.samples]
+    cm = AnalyticalCostModel(
+        {"vision": SHAPES["vision"], "llm": SectionShape(layers=2, hidden=512, vocab=1000)},
+        gpu=GPU_PRESETS["H100"],
+    )
+    p = plan_maestro(samples, wl.sections, cm, 16, opts)
+    v = p.sections["vision"]
+    assert v.memory <= 20e9
+    one = _Problem(samples, wl.sections, cm, 16, opts)
+    from maestro.plan.search import _section_options
+
+    need = min(o.min_dp for o in _section_options(one, "vision"))
+    assert need > 1 and v.dp >= need
+
+
+def _uniform(num: int, tokens: int, section: str = "llm") -> list[SampleInfo]:
+    return [SampleInfo(i, frozenset({section}), {"tokens": tokens}) for i in range(num)]
+
+
+@pytest.mark.parametrize("gpus", [4, 8, 16])
+def test_one_section_plan_equals_the_monolithic_plan(gpus):
+    cm = AnalyticalCostModel({"llm": SHAPES["llm"]})
+    samples = _uniform(64, 1024)
+    secs = [SectionSpec("llm", token_budget=8192)]
+    m = plan_maestro(samples, secs, cm, gpus)
+    mono = plan_monolithic(samples, secs, cm, gpus)
+    a, b = m.sections["llm"], mono.sections["llm"]
+    assert (a.dp, a.tp, a.micro_batch_size, a.recompute) == (
+        b.dp,
+        b.tp,
+        b.micro_batch_size,
+        b.recompute,
+    )
+    assert m.step_time == pytest.approx(mono.step_time, rel=1e-9)
+    assert m.gpus == mono.gpus
+
+
+def test_ablations_tie_the_knob_and_the_full_search_contains_them(mllm16):
+    wl = mllm16
+    full = plan_maestro(wl.samples, wl.sections, wl.cost_model, 16)
+    for ab, attr in ((Ablation(same_mbs=True), "micro_batch_size"), (Ablation(same_tp=True), "tp")):
+        p = plan_maestro(wl.samples, wl.sections, wl.cost_model, 16, SearchOptions(ablation=ab))
+        assert len({getattr(s, attr) for s in p.sections.values()}) == 1
+        assert full.step_time <= p.step_time + 1e-12
+
+
+def test_gpus_to_match_reaches_the_target_with_fewer_gpus(kd16):
+    wl = kd16
+    top = plan_maestro(wl.samples, wl.sections, wl.cost_model, 16)
+    target = 0.6 * top.samples_per_s
+    got = gpus_to_match(wl.samples, wl.sections, wl.cost_model, target, 16)
+    assert got is not None and got.samples_per_s >= target and got.gpus < 16
+    assert gpus_to_match(wl.samples, wl.sections, wl.cost_model, 10 * top.samples_per_s, 16) is None
+
+
+def test_balanced_order_equalises_rank_work():
+    rng = random.Random(0)
+    samples = [
+        SampleInfo(i, frozenset({"llm"}), {"tokens": int(rng.lognormvariate(6, 1)) + 16})
+        for i in range(256)
+    ]
+    secs = [SectionSpec("llm")]
+    cm = AnalyticalCostModel({"llm": SectionShape(layers=2, hidden=256)})
+    p = _Problem(samples, secs, cm, 8, SearchOptions())
+    out = _balanced_order(p, samples, 8, cm)
+    assert sorted(s.sample_id for s in out) == list(range(256))
+
+    def shard_tokens(order):
+        return [sum(s.cost["tokens"] for s in order[r * 32 : (r + 1) * 32]) for r in range(8)]
+
+    bal, raw = shard_tokens(out), shard_tokens(samples)
+    assert max(bal) - min(bal) < (max(raw) - min(raw)) / 4
