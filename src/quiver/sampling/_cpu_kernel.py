@@ -135,6 +135,62 @@ def _sample_rows(indptr, indices, eid, targets, k, key, parallel):
 
 
 @numba.njit(**_JIT)
+def rows_range(indptr, targets, starts, degs, lo, hi):
+    """Row starts and degrees of ``targets[lo:hi]`` (one chunk of a threaded hop)."""
+    for i in range(lo, hi):
+        t = targets[i]
+        starts[i] = indptr[t]
+        degs[i] = indptr[t + 1] - indptr[t]
+
+
+@numba.njit(**_JIT)
+def row_offsets(degs, k):
+    """``[T + 1]`` output offsets: row ``i`` yields ``min(degs[i], k)`` entries (all if k < 0)."""
+    nt = degs.shape[0]
+    offs = np.empty(nt + 1, dtype=np.int64)
+    offs[0] = 0
+    for i in range(nt):
+        d = degs[i]
+        offs[i + 1] = offs[i] + (d if (k < 0 or d <= k) else k)
+    return offs
+
+
+@numba.njit(**_JIT)
+def fill_range(indices, eid, has_eid, starts, degs, k, key, offs, cols, eids, lo, hi):
+    """Sample rows ``lo..hi`` of a hop; row ``i`` draws from stream ``(key, i)`` as always."""
+    for i in range(lo, hi):
+        _sample_row(indices, eid, has_eid, starts[i], degs[i], k, key, i, cols, eids, offs[i])
+
+
+@numba.njit(**_JIT)
+def relabel(src, dst, first, offs, marker, n_id, n):
+    """Relabel one hop in place (first occurrence gets the next local id); returns new ``n``.
+
+    ``src`` holds global ids on entry, local ids on return; ``dst[j]`` is set to the local id
+    of the target of edge ``j``; ``n_id`` must have room for ``len(src)`` new nodes.
+    """
+    num_targets = offs.shape[0] - 1
+    for i in range(num_targets):
+        for j in range(offs[i], offs[i + 1]):
+            g = src[j]
+            loc = marker[g]
+            if loc < 0:
+                loc = n
+                marker[g] = n
+                n_id[n] = g
+                n += 1
+            src[j] = loc
+            dst[j] = first + i
+    return n
+
+
+@numba.njit(**_JIT)
+def reset_marker(marker, n_id, n):
+    for i in range(n):
+        marker[n_id[i]] = -1
+
+
+@numba.njit(**_JIT)
 def _grow(a, need):
     if need <= a.shape[0]:
         return a
@@ -144,7 +200,7 @@ def _grow(a, need):
 
 
 @numba.njit(**_JIT)
-def sample_khop(indptr, indices, eid, seeds, fanouts, seed, call, marker, parallel_min, frontier):
+def sample_khop(indptr, indices, eid, seeds, fanouts, seed, call, marker, stop_at, frontier):
     """Sample ``len(fanouts)`` hops from ``seeds``.
 
     Hop ``h`` samples up to ``fanouts[h]`` in-neighbours (``k < 0`` takes all) of its targets:
@@ -164,13 +220,17 @@ def sample_khop(indptr, indices, eid, seeds, fanouts, seed, call, marker, parall
         fanouts: int64 per-hop fanouts, innermost (seeds) first.
         seed, call: key of the random streams.
         marker: integer work array of length N (int32 suffices), all -1 on entry and on return.
-        parallel_min: hops with at least this many targets sample rows in parallel.
+        stop_at: return before the first hop with at least this many targets, so the caller
+            can run it on several threads (``rows_range``/``fill_range``/``relabel``); the
+            marker then still holds the ids of ``n_id[:n]``.
         frontier: sample only the previous hop's new nodes (see above).
 
     Returns:
-        n_id [M], num_nodes [L+1] (n_id count before hop 0 and after each hop), and a list of
-        ``(src_local, dst_local, e_id)`` per hop. If ``seeds`` holds a duplicate,
-        ``num_nodes[0]`` is -1 and the other outputs are empty.
+        ``(n_id, n, num_nodes, hops, done)``: ``n_id[:n]`` the node ids so far (the buffer may
+        be longer), ``num_nodes`` [L+1] (n_id count before hop 0 and after each hop done),
+        ``hops`` a list of ``(src_local, dst_local, e_id)`` per hop done, ``done`` the number of
+        hops done (the marker is restored only when ``done == L``). If ``seeds`` holds a
+        duplicate, ``num_nodes[0]`` is -1 and nothing was sampled.
     """
     num_hops = fanouts.shape[0]
     n_seeds = seeds.shape[0]
@@ -185,7 +245,7 @@ def sample_khop(indptr, indices, eid, seeds, fanouts, seed, call, marker, parall
             num_nodes[0] = -1
             e = np.empty(0, dtype=np.int64)
             hops.append((e, e, e))
-            return n_id[:0], num_nodes, hops
+            return n_id, 0, num_nodes, hops, 0
         n_id[i] = s
         marker[s] = i
     n = n_seeds
@@ -194,31 +254,19 @@ def sample_khop(indptr, indices, eid, seeds, fanouts, seed, call, marker, parall
         k = fanouts[h]
         first = num_nodes[h - 1] if (frontier and h > 0) else 0
         num_targets = n - first
+        if num_targets >= stop_at:
+            return n_id, n, num_nodes, hops, h
         key = stream_key(seed, call, h)
         # src receives global ids from the sampler and is relabelled in place below
-        offs, src, eids = _sample_rows(
-            indptr, indices, eid, n_id[first:n], k, key, num_targets >= parallel_min
-        )
+        offs, src, eids = _sample_rows(indptr, indices, eid, n_id[first:n], k, key, False)
         m = offs[num_targets]
         dst = np.empty(m, dtype=np.int64)
         n_id = _grow(n_id, n + m)
-        # sequential dedup + relabel: first occurrence gets the next local id
-        for i in range(num_targets):
-            for j in range(offs[i], offs[i + 1]):
-                g = src[j]
-                loc = marker[g]
-                if loc < 0:
-                    loc = n
-                    marker[g] = n
-                    n_id[n] = g
-                    n += 1
-                src[j] = loc
-                dst[j] = first + i
+        n = relabel(src, dst, first, offs, marker, n_id, n)
         num_nodes[h + 1] = n
         hops.append((src, dst, eids))
-    for i in range(n):
-        marker[n_id[i]] = -1
-    return n_id[:n], num_nodes, hops
+    reset_marker(marker, n_id, n)
+    return n_id, n, num_nodes, hops, num_hops
 
 
 @numba.njit(**_JIT)
