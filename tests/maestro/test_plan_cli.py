@@ -1,0 +1,132 @@
+"""``maestro plan`` end to end: scenarios, scenario files, run configs, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from maestro.cli import main
+from maestro.config import load
+from maestro.plan.report import read_plan
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _profile(path: Path) -> Path:
+    """A synthetic measured profile of examples/kd.toml: linear in tokens, per section."""
+
+    def rows(fwd, fb):
+        out = []
+        for n, t in ((1, 40), (2, 150), (4, 300), (8, 700)):
+            f = {"samples": n, "tokens": t, "tokens_sq": t * t / n}
+            row = {"features": f, "forward_s": fwd * t + 1e-3 * n}
+            if fb:
+                row["forward_backward_s"] = fb * t + 3e-3 * n
+            out.append(row)
+        return out
+
+    prof = {
+        "sections": {
+            "teacher": {"rows": rows(4e-4, 0), "bytes_per": {"tokens": 2048.0}},
+            "student": {
+                "rows": rows(1e-4, 3e-4),
+                "param_bytes": 4e6,
+                "optimizer_s": 2e-3,
+            },
+        },
+        "link_bw": 1e9,
+        "step_overhead_s": 0.01,
+    }
+    path.write_text(json.dumps(prof))
+    return path
+
+
+def test_plan_a_scenario_prints_both_plans_and_writes_a_plan(tmp_path, capsys):
+    out = tmp_path / "plan.toml"
+    rc = main(["plan", "kd", "--gpus", "16", "--out", str(out), "--simulate-top", "1"])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "maestro " in text and "monolithic " in text and "GPU-h/M samples" in text
+    assert "GPUs Maestro needs to match" in text or "GPU-hours saved" in text
+    mono, secs = read_plan(out.read_text())
+    assert not mono and set(secs) == {"teacher", "student"}
+    assert sum(s.dp * s.tp for s in secs.values()) <= 16
+
+
+def test_plan_a_scenario_file_monolithic_out(tmp_path, capsys):
+    scen = tmp_path / "s.toml"
+    scen.write_text(
+        (EXAMPLES / "paper_mllm.toml").read_text().replace("gpus = 256", "gpus = 8") + "\n"
+    )
+    scen.write_text(scen.read_text().replace("samples_per_gpu = 8", "samples_per_gpu = 2"))
+    out = tmp_path / "mono.toml"
+    assert main(["plan", str(scen), "--monolithic", "--out", str(out), "--simulate-top", "1"]) == 0
+    mono, secs = read_plan(out.read_text())
+    assert mono and set(secs) == {"vision", "audio", "llm"}
+    assert len({(s.dp, s.tp, s.micro_batch_size) for s in secs.values()}) == 1
+    assert "monolithic" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("monolithic", [False, True])
+def test_plan_a_run_config_round_trips_through_the_loader(tmp_path, capsys, monolithic):
+    prof = _profile(tmp_path / "p.json")
+    out = tmp_path / "planned.toml"
+    args = ["plan", str(EXAMPLES / "kd.toml"), "--gpus", "4", "--profile", str(prof)]
+    args += ["--out", str(out)] + (["--monolithic"] if monolithic else [])
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    cfg = load(out)  # validates
+    orig = load(EXAMPLES / "kd.toml")
+    assert cfg.model == orig.model and cfg.global_batch == orig.global_batch
+    if monolithic:
+        assert cfg.sections == orig.sections
+        assert "--monolithic --nproc" in out.read_text()
+    else:
+        assert 2 <= cfg.world_size <= 4
+        assert f"--nproc {cfg.world_size}" in out.read_text()
+        line = next(x for x in text.splitlines() if x.startswith("maestro:"))
+        for n, sc in cfg.sections.items():
+            assert f"{n} dp={sc.dp} tp=1 mbs={sc.micro_batch_size}" in line
+
+
+def test_target_throughput_and_breakdown(capsys):
+    rc = main(
+        ["plan", "mllm", "--gpus", "16", "--simulate-top", "1", "--breakdown"]
+        + ["--target-samples-per-s", "1"]
+    )
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "target 1 samples/s:" in text and "GPUs" in text
+    assert "breakdown:" in text and "skipped modality work" in text
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["nope.toml"], "config file not found"),
+        (["kd", "--gpus", "0"], "--gpus must be >= 1"),
+        (["kd", "--simulate-top", "0"], "--simulate-top must be >= 1"),
+        (["kd", "--target-samples-per-s", "-1"], "--target-samples-per-s must be > 0"),
+        (["kd", "--out", "/nonexistent/dir/p.toml"], "does not exist"),
+        (["mllm-audio", "--gpus", "3"], "no layout of the sections fits within 3 GPUs"),
+    ],
+)
+def test_bad_input_is_one_line(capsys, args, message):
+    assert main(["plan", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_bad_scenario_file_names_the_field(tmp_path, capsys):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[scenario]\nname = "kd"\nwidth = 3\n')
+    assert main(["plan", str(bad)]) == 2
+    assert "scenario.width: unknown field" in capsys.readouterr().err
+    bad.write_text('[scenario]\nname = "vit"\n')
+    assert main(["plan", str(bad)]) == 2
+    assert "scenario.name: unknown scenario 'vit'" in capsys.readouterr().err
+    bad.write_text("[scenario\n")
+    assert main(["plan", str(bad)]) == 2
+    assert "invalid TOML" in capsys.readouterr().err
