@@ -152,3 +152,17 @@ def test_bench_in_process_writes_csv_and_plot(trained, tmp_path, capsys):
 def test_bench_bad_options(argv, msg, capsys):
     assert quiver_main(argv) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_server_device_option(trained):
+    import torch
+
+    from quiver.serving.server import Server
+
+    d, ckpt = trained
+    with Server.from_dataset(d, ckpt, device="cpu") as server:
+        assert "model on cpu" in server.info
+        assert server.predict([1, 2]).values.shape == (2,)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            Server.from_dataset(d, ckpt, device="cuda")

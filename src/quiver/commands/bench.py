@@ -94,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
             serve_config(args),
             seed=args.seed,
             feature_cache=args.feature_cache if args.feature_cache != "0" else 0,
+            device=args.device,
+            gpu_cache=args.gpu_cache,
         ).start()
         print(f"in-process server: {server.info}")
         node_count = server.engine.node_count

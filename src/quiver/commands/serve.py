@@ -19,6 +19,8 @@ def add_serve_options(p) -> None:
         help="RAM for hot feature rows over the mmap file, e.g. 2G (0: load as is)",
     )
     p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible answers)")
+    p.add_argument("--device", default=None, help="model device, e.g. cuda:0 (default cpu)")
+    p.add_argument("--gpu-cache", default="4G", help="feature bytes cached on a GPU device (4G)")
 
 
 def serve_config(args):
@@ -60,6 +62,8 @@ def run(args: argparse.Namespace) -> int:
         serve_config(args),
         seed=args.seed,
         feature_cache=args.feature_cache if args.feature_cache != "0" else 0,
+        device=args.device,
+        gpu_cache=args.gpu_cache,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -87,6 +87,8 @@ class Engine:
         self.sampler = sampler
         self.features = features
         self.model = model.eval()
+        first = next(model.parameters(), None)
+        self._device = first.device if first is not None else torch.device("cpu")
         self.node_count = int(node_count)
         self.batcher = DynamicBatcher(self.cfg, self.node_count, psgs_table)
         self.metrics = EngineMetrics(self)
@@ -250,15 +252,18 @@ class Engine:
     def _run_model(self, s: _Sampled) -> None:
         batch = s.batch
         want_emb = any(r.output == "embedding" for r in batch.requests)
+        # the sampler, the feature store and the model may sit on different devices
+        x = s.x.to(self._device, non_blocking=True)
+        adjs = [(ei.to(self._device, non_blocking=True), eid, size) for ei, eid, size in s.adjs]
         with torch.inference_mode():
             if want_emb:
-                emb, logits = self.model.forward_all(s.x, s.adjs)
+                emb, logits = self.model.forward_all(x, adjs)
             else:
-                emb, logits = None, self.model(s.x, s.adjs)
+                emb, logits = None, self.model(x, adjs)
         # rows per seed of the batch, in request order: (len(batch.seeds), C)
-        logits_np = logits.float().numpy()[s.inverse]
+        logits_np = logits.float().cpu().numpy()[s.inverse]
         classes = logits_np.argmax(axis=1)
-        emb_np = emb.float().numpy()[s.inverse] if emb is not None else None
+        emb_np = emb.float().cpu().numpy()[s.inverse] if emb is not None else None
         now = time.perf_counter()
         self.metrics.batches.labels(s.path, batch.closed_by).inc()
         self.metrics.batch_nodes.observe(len(batch.seeds))

@@ -42,6 +42,8 @@ class Server:
         seed: int | None = None,
         feature_cache: str | int = 0,
         hybrid: bool = True,
+        device=None,
+        gpu_cache: str | int = "4G",
     ) -> Server:
         """Build a server for a prepared dataset and a ``quiver train-model`` checkpoint.
 
@@ -55,6 +57,10 @@ class Server:
                 are served from the memory-mapped file; 0 keeps all rows as loaded.
             hybrid: route batches by PSGS between CPU and GPU sampling when a GPU and a
                 calibration exist; otherwise sample on CPU threads.
+            device: where the model runs (default CPU); with a CUDA device the hottest feature
+                rows (FAP order) are cached on it and the rest read zero-copy from pinned host
+                memory.
+            gpu_cache: bytes of feature rows cached on ``device`` when it is a GPU.
         """
         import torch
 
@@ -76,8 +82,18 @@ class Server:
                 f"{ds.features.shape[1]}"
             )
         cfg = cfg or ServeConfig()
+        device = torch.device(device) if device is not None else torch.device("cpu")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device} requested but CUDA is not available")
+        model.to(device)
         features = ds.features
-        if feature_cache:
+        if device.type == "cuda":
+            from quiver.feature import Feature
+
+            features = Feature(
+                0, [device], gpu_cache, csr_topo=ds.topo, sizes=fanouts
+            ).from_cpu_tensor(torch.as_tensor(ds.features))
+        elif feature_cache:
             from quiver.feature import Feature
 
             features = Feature(
@@ -104,7 +120,8 @@ class Server:
         name = ds.manifest.get("name", Path(dataset_dir).name)
         info = (
             f"{name}: {ds.num_nodes:,} nodes, {ds.topo.edge_count:,} edges; "
-            f"{model.cfg.kind} x{model.cfg.num_layers} fanouts {fanouts}; {path_info}"
+            f"{model.cfg.kind} x{model.cfg.num_layers} fanouts {fanouts}; {path_info}; "
+            f"model on {device}"
         )
         return cls(engine, info)
 
