@@ -127,6 +127,10 @@ class Plan:
         step_time: simulated seconds per step.
         estimate: the analytical estimate that ranked it.
         candidates: layouts that passed the memory check; simulated: how many were replayed.
+        busy_bound: the busiest GPU's compute plus its all-reduce in the simulated step: the
+            step time if pipeline fill and drain overlapped with the neighbouring steps (the
+            simulator replays one step alone; the runtime lets a frozen section run ahead
+            into the next step, so the truth lies between ``busy_bound`` and ``step_time``).
     """
 
     sections: dict[str, SectionPlan]
@@ -137,6 +141,7 @@ class Plan:
     estimate: float
     candidates: int = 0
     simulated: int = 0
+    busy_bound: float = 0.0
 
     @property
     def samples_per_s(self) -> float:
@@ -146,6 +151,11 @@ class Plan:
     def gpu_hours_per_million(self) -> float:
         """GPU-hours to train on one million samples at this plan's throughput."""
         return self.gpus * 1e6 / self.samples_per_s / 3600.0
+
+    @property
+    def gpu_hours_per_million_bound(self) -> float:
+        """The same at ``busy_bound`` (fill and drain hidden by the neighbouring steps)."""
+        return self.gpus * 1e6 * self.busy_bound / self.num_samples / 3600.0
 
     def describe(self) -> str:
         """``name dp=.. tp=.. mbs=..`` for every section, on one line."""
@@ -352,7 +362,15 @@ def _simulate(p: _Problem, specs: list[SectionSpec], cm: CostModel, monolithic: 
         sched = fifo_schedule(p.samples, specs, cm)
     else:
         sched = wavefront_schedule(p.samples, specs, cm)
-    return simulate(sched, p.samples, specs, cm).step_time
+    res = simulate(sched, p.samples, specs, cm)
+    if monolithic:
+        names = list(res.sections)
+        world = len(res.sections[names[0]].busy)
+        busiest = max(sum(res.sections[n].busy[r] for n in names) for r in range(world))
+        bound = busiest + res.sections[names[0]].allreduce
+    else:
+        bound = max(max(st.busy) + st.allreduce for st in res.sections.values())
+    return res.step_time, bound
 
 
 def _balanced_order(p: _Problem, samples, world: int, cm: CostModel) -> list[SampleInfo]:
@@ -455,7 +473,7 @@ def plan_maestro(
         cm = p.model(
             {n: o.tp for n, o in combo.items()}, {n: o.recompute for n, o in combo.items()}
         )
-        step = _simulate(p, specs, cm, monolithic=False)
+        step, bound = _simulate(p, specs, cm, monolithic=False)
         if best is None or step < best.step_time:
             best = Plan(
                 sections={
@@ -467,6 +485,7 @@ def plan_maestro(
                 num_samples=len(p.samples),
                 step_time=step,
                 estimate=est,
+                busy_bound=bound,
             )
     best.candidates = num_ranked
     best.simulated = len(chosen)
@@ -554,7 +573,7 @@ def plan_monolithic(
             replace(p.sections[n], dp=dp, micro_batch_size=mbs, token_budget=budget)
             for n in p.order
         ]
-        step = _simulate(p, specs, cm, monolithic=True, mbs=mbs)
+        step, bound = _simulate(p, specs, cm, monolithic=True, mbs=mbs)
         if best is None or step < best.step_time:
             best = Plan(
                 sections={
@@ -566,6 +585,7 @@ def plan_monolithic(
                 num_samples=len(p.samples),
                 step_time=step,
                 estimate=est,
+                busy_bound=bound,
             )
     best.candidates = len(cands)
     best.simulated = min(3 * opts.simulate_top, len(cands))

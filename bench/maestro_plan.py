@@ -1,0 +1,195 @@
+"""Benchmark: the planner's Maestro layouts against the best monolithic layouts.
+
+Two parts (``--part sim,validate``; both by default):
+
+- ``sim``: the paper-like scenarios (``examples/paper_kd.toml``: 7B student, 35B frozen
+  teacher; ``examples/paper_mllm.toml``: 630M ViT + 300M audio + 7B LLM, 40% text-only) on
+  analytical H100s at 64, 256 and 1,024 GPUs (8 samples per GPU per step). For each: Maestro's
+  plan and the best monolithic plan under the same search (the monolithic baseline with a
+  length-balanced sampler, and with data-order shards as the simulator's stock baseline),
+  GPU-hours per million samples, the saving, and the GPUs Maestro needs to match the
+  monolithic throughput. Then the breakdown at 256 GPUs by ablation (one per-section
+  freedom switched off at a time) and a text-only sweep; writes ``--plot`` (PNG).
+- ``validate``: on this machine, for each 2-rank example config (``examples/kd.toml``,
+  ``examples/mllm.toml``): profile the sections, plan 2 ranks, run the planned config and the
+  hand-written one for real (``maestro.runtime.launch``), and print predicted vs measured
+  step time.
+
+Run: ``.venv/bin/python bench/maestro_plan.py [--part sim] [--gpus 64,256,1024]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def sim_part(gpu_list: list[int], plot: str, text_only: list[float]) -> None:
+    from maestro.plan import SearchOptions, breakdown, compare, plan_monolithic
+    from maestro.plan.workload import load_scenario, scenario_workload
+
+    print("== planner on analytical H100s (GPU-h per million samples; saving vs monolithic)")
+    print(
+        "mono: balanced-sampler monolithic; mono(d-o): data-order shards; overlap: saving vs "
+        "mono if fill/drain overlapped across steps; match: GPUs Maestro needs for mono's rate"
+    )
+    print(
+        f"{'scenario':<11}{'gpus':>5}{'maestro':>9}{'mono':>8}{'saving':>8}{'mono(d-o)':>10}"
+        f"{'saving':>8}{'overlap':>8}{'match':>7}{'time s':>8}  layouts"
+    )
+    sizes: dict[str, list[tuple[int, float, float]]] = {}
+    for fname in ("paper_kd.toml", "paper_mllm.toml"):
+        spec = load_scenario(EXAMPLES / fname)
+        for g in gpu_list:
+            t = time.perf_counter()
+            wl = scenario_workload(replace(spec, gpus=g))
+            c = compare(wl, g)
+            raw = plan_monolithic(
+                wl.samples,
+                wl.sections,
+                wl.cost_model,
+                g,
+                SearchOptions(balance_monolithic=False),
+            )
+            raw_saving = 1 - c.maestro.gpu_hours_per_million / raw.gpu_hours_per_million
+            match = c.match.gpus if c.match is not None else "-"
+            print(
+                f"{spec.name:<11}{g:>5}{c.maestro.gpu_hours_per_million:>9.2f}"
+                f"{c.monolithic.gpu_hours_per_million:>8.2f}{100 * c.saving:>7.1f}%"
+                f"{raw.gpu_hours_per_million:>10.2f}{100 * raw_saving:>7.1f}%"
+                f"{100 * c.saving_bound:>7.1f}%{match:>7}"
+                f"{time.perf_counter() - t:>8.1f}  {c.maestro.describe()} | "
+                f"{c.monolithic.describe().removeprefix('monolithic: ').split(',')[0]}",
+                flush=True,
+            )
+            sizes.setdefault(spec.name, []).append((g, c.saving, raw_saving))
+
+    print("\n== breakdown at 256 GPUs: GPU-h/M added when one freedom is switched off")
+    for fname in ("paper_kd.toml", "paper_mllm.toml"):
+        spec = load_scenario(EXAMPLES / fname)
+        wl = scenario_workload(replace(spec, gpus=256))
+        b = breakdown(wl, 256)
+        full = b.pop("full")
+        print(f"{spec.name} (full plan {full:.2f} GPU-h/M)")
+        for label, extra in b.items():
+            print(f"  {label:<54}{extra:>+8.2f}  ({100 * extra / full:+.1f}%)", flush=True)
+
+    print("\n== MLLM text-only sweep at 256 GPUs")
+    print(f"{'text-only':>10}{'maestro':>9}{'mono':>8}{'saving':>8}{'overlap':>8}")
+    spec = load_scenario(EXAMPLES / "paper_mllm.toml")
+    sweep = []
+    for to in text_only:
+        wl = scenario_workload(replace(spec, gpus=256, text_only=to))
+        c = compare(wl, 256, match=False)
+        print(
+            f"{to:>10.0%}{c.maestro.gpu_hours_per_million:>9.2f}"
+            f"{c.monolithic.gpu_hours_per_million:>8.2f}{100 * c.saving:>7.1f}%"
+            f"{100 * c.saving_bound:>7.1f}%",
+            flush=True,
+        )
+        sweep.append((to, c.saving))
+    _plot(sizes, sweep, plot)
+    print(f"\nplot: {plot}")
+
+
+def _plot(sizes, sweep, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, rows in sizes.items():
+        g = [r[0] for r in rows]
+        a.plot(g, [100 * r[1] for r in rows], "o-", label=f"{name} vs balanced monolithic")
+        a.plot(g, [100 * r[2] for r in rows], "x--", label=f"{name} vs data-order monolithic")
+    a.set_xscale("log", base=2)
+    a.axhline(0, color="grey", lw=0.5)
+    a.axhline(40, color="red", lw=0.5, ls=":", label="paper's ~40%")
+    a.set_xlabel("GPUs")
+    a.set_ylabel("GPU-hours saved (%)")
+    a.set_title("saving vs cluster size")
+    a.legend(fontsize=7)
+    b.plot([100 * t for t, _ in sweep], [100 * s for _, s in sweep], "o-")
+    b.axhline(0, color="grey", lw=0.5)
+    b.set_xlabel("text-only samples (%)")
+    b.set_ylabel("GPU-hours saved (%)")
+    b.set_title("MLLM (vision+audio+LLM), 256 GPUs")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def validate_part(steps: int, repeats: int) -> None:
+    from maestro.config import load
+    from maestro.costmodel import MeasuredCostModel
+    from maestro.plan import plan_maestro
+    from maestro.runtime.launch import RunOptions, launch
+    from maestro.schedule import get_scheduler
+    from maestro.sim import simulate
+    from maestro.sim.profile import profile_config
+    from maestro.workloads import get_workload
+
+    print("\n== this machine, 2 ranks: planned layout vs the hand-written example (s/step)")
+    print(f"{'config':<10}{'layout':<34}{'predicted':>10}{'measured':>10}{'error':>8}")
+    for fname in ("kd.toml", "mllm.toml"):
+        cfg = load(EXAMPLES / fname)
+        cfg.steps = steps
+        cm = MeasuredCostModel.from_profile(profile_config(cfg, repeats=2))
+        wl = get_workload(cfg)
+        samples = wl.sample_infos(wl.batch(0), wl.graph(build=[]))
+        plan = plan_maestro(samples, cfg.section_specs(), cm, 2)
+        planned = load(EXAMPLES / fname)
+        planned.steps = steps
+        planned.scheduler = "wavefront"
+        for n, sp in plan.sections.items():
+            planned.sections[n].dp = sp.dp
+            planned.sections[n].micro_batch_size = sp.micro_batch_size
+        for label, c in (("planned", planned), ("hand-written", cfg)):
+            specs = c.section_specs()
+            sched = get_scheduler(c.scheduler)(samples, specs, cm)
+            pred = simulate(sched, samples, specs, cm).step_time
+            best = None
+            for _ in range(repeats):
+                res = launch(c, c.world_size, RunOptions(progress=False, device="cpu"))
+                t = res["elapsed_s"] / res["measured_steps"]
+                best = t if best is None else min(best, t)
+            lay = (
+                ", ".join(f"{n} mbs={s.micro_batch_size}" for n, s in c.sections.items())
+                + f" {c.scheduler}"
+            )
+            print(
+                f"{fname:<10}{label + ': ' + lay:<34}{pred:>10.3f}{best:>10.3f}"
+                f"{100 * (pred - best) / best:>+7.1f}%",
+                flush=True,
+            )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", default="sim,validate")
+    ap.add_argument("--gpus", default="64,256,1024")
+    ap.add_argument("--text-only", default="0,0.2,0.4,0.6,0.8")
+    ap.add_argument("--plot", default="maestro_plan.png")
+    ap.add_argument("--steps", type=int, default=6, help="steps per real run (validate)")
+    ap.add_argument("--repeats", type=int, default=2, help="real runs per layout (best kept)")
+    args = ap.parse_args()
+    parts = args.part.split(",")
+    t = time.perf_counter()
+    if "sim" in parts:
+        sim_part(
+            [int(x) for x in args.gpus.split(",")],
+            args.plot,
+            [float(x) for x in args.text_only.split(",")],
+        )
+    if "validate" in parts:
+        validate_part(args.steps, args.repeats)
+    print(f"\ntotal {time.perf_counter() - t:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
