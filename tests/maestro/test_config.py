@@ -43,9 +43,9 @@ def test_valid_config_defaults_and_specs():
     assert C.from_dict(cfg.to_dict()) == cfg
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.toml")))
-def test_examples_load(path):
-    cfg = C.load(path)
+@pytest.mark.parametrize("name", ["kd.toml", "mllm.toml", "mllm_audio.toml"])
+def test_examples_load(name):
+    cfg = C.load(ROOT / "examples" / name)
     assert cfg.world_size >= 2
 
 
