@@ -262,6 +262,15 @@ def synthetic(
     d = Path(out) if out is not None else None
     if d is not None:
         d.mkdir(parents=True, exist_ok=True)
+        import shutil
+
+        need = 8 * (p.num_edges + p.num_nodes) + 4 * p.num_nodes * p.num_features
+        free = shutil.disk_usage(d).free
+        if need > free:
+            raise ValueError(
+                f"{p.name} needs about {need / 2**30:.1f} GiB in {d}, only {free / 2**30:.1f} "
+                "GiB free"
+            )
 
     def alloc(name, shape, dtype):
         if d is None:
