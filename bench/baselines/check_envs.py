@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 # Per env: the modules that must import, whose __version__ is reported.
 ENV_MODULES: dict[str, tuple[str, ...]] = {
-    "pyg": ("torch", "torch_geometric", "torch_sparse"),
+    "pyg": ("torch", "torch_geometric", "torch_sparse", "torch_scatter"),
     "dgl": ("torch", "dgl", "torchdata", "numpy"),
 }
 PROBE_TIMEOUT_S = 180
