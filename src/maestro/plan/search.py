@@ -10,13 +10,17 @@ The search is cheap enough to run at thousands of GPUs because it narrows in thr
 2. **Analytical ranking.** An option's work is its micro-batches' compute in data order; each
    section keeps its few options with the least GPU-seconds. For every combination, GPUs are
    dealt to the current bottleneck section (``tp`` GPUs per extra replica) until the budget
-   is spent; the estimate is the slowest section's work / dp plus its all-reduce.
-3. **Simulation.** The best few combinations are scheduled with the wavefront scheduler and
+   is spent; the estimate is the slowest section's work / dp plus its all-reduce, plus the
+   pipeline fill (a producer chain's first forward) and drain (a trainable producer's last
+   backward). Combinations come in three families: the cheapest options per section, and
+   those with one micro-batch size or one tp for all sections.
+3. **Simulation.** The best few of each family are scheduled with the wavefront scheduler and
    replayed by the simulator on the same cost model; the fastest simulated plan wins.
 
 ``plan_monolithic`` gives the one-size-fits-all baseline the same effort: one (tp, mbs,
 recompute) for the whole model, ``dp = gpus // tp`` replicas, each holding every section,
-ranked by the same estimate and its best few simulated with the colocated schedule.
+ranked by the same estimate and as many simulated (colocated schedule, length-balanced
+shards by default).
 
 Ablations (``Ablation``) turn one of Maestro's freedoms off so a report can attribute the
 saving: one micro-batch size for every section, one tp for every section, encoders running
