@@ -3,15 +3,17 @@
 Sections are scheduled in topological order. For each section, an event loop over its
 replicas (earliest-free first) fills the next micro-batch from the samples whose inputs are
 estimated to be ready by then, favouring those that unblock the most other work (downstream
-forwards, and upstream backwards waiting for their gradients), largest first. Because each
+forwards, and upstream backwards waiting for their gradients), then the largest. Because each
 replica takes work when it becomes free, estimated cost (not sample count) is balanced across
 a section's replicas. Micro-batches respect ``micro_batch_size`` and ``token_budget``.
 
-Pure list scheduling can start cheap work just before a sample that unblocks much more arrives
-(e.g. an LLM replica begins a text-only micro-batch while an image sample, whose encoder
-backward waits on the LLM's gradients, is a moment away). A *lookahead* lets a free replica
-idle for such a sample; ``wavefront_schedule`` runs a few lookaheads (0 = never idle) and keeps
-the schedule the simulator predicts fastest on the same cost model.
+Two refinements, each a variant of the greedy pass: a *lookahead* lets a free replica idle for
+a soon-ready sample that unblocks much more work than the ready ones (e.g. an image sample
+whose encoder backward waits on the LLM's gradients, rather than a text-only one); and
+*Johnson's rule* for two-stage flow shops may order a producer's samples instead (those whose
+downstream work exceeds their own first, cheapest first, so consumers start early; then the
+rest, most downstream work first). ``wavefront_schedule`` runs a few variants and keeps the
+schedule the simulator predicts fastest on the same cost model.
 
 Estimated readiness follows the runtime's execution rule (see ``maestro.sim``): a sample's
 output of a section exists when the forward of its micro-batch ends; a section whose backward
@@ -47,8 +49,8 @@ def _closure(start: str, edges: dict[str, list[str]]) -> set[str]:
     return seen
 
 
-#: Lookaheads tried by ``wavefront_schedule`` (see ``greedy_wavefront``).
-LOOKAHEADS = (0.0, 0.5, 2.0)
+#: ``(lookahead, johnson)`` passes tried by ``wavefront_schedule`` (see ``greedy_wavefront``).
+PASSES = ((0.0, False), (0.5, False), (2.0, False), (0.0, True))
 _SCAN = 32  # upcoming arrivals a lookahead inspects
 
 
@@ -57,19 +59,19 @@ def wavefront_schedule(
     sections: Sequence[SectionSpec],
     cost_model: CostModel | None = None,
     *,
-    lookaheads: Sequence[float] = LOOKAHEADS,
+    passes: Sequence[tuple[float, bool]] = PASSES,
 ) -> Schedule:
     """Wavefront schedule: the best of a few greedy passes, scored by the simulator.
 
-    Each pass (``greedy_wavefront``) uses a different lookahead; the schedule whose simulated
-    step time (``maestro.sim.simulate`` on the same cost model) is shortest wins, the smallest
-    lookahead on ties.
+    Each pass (``greedy_wavefront``) uses a different lookahead or producer order; the
+    schedule whose simulated step time (``maestro.sim.simulate`` on the same cost model) is
+    shortest wins, the first pass on ties.
 
     Args:
         samples: the global batch.
         sections: the section specs (DAG through ``inputs``).
         cost_model: estimates compute and transfer times; ``UnitCostModel`` if omitted.
-        lookaheads: the lookaheads to try.
+        passes: the ``(lookahead, johnson)`` variants to try.
 
     Returns:
         A ``Schedule`` whose replicas each hold an ordered list of micro-batches.
@@ -77,14 +79,14 @@ def wavefront_schedule(
     from maestro.sim.engine import simulate  # the simulator imports the schedule package
 
     check_sections(sections)
-    if not lookaheads:
-        raise ValueError("lookaheads must not be empty")
+    if not passes:
+        raise ValueError("passes must not be empty")
     cm = cost_model if cost_model is not None else UnitCostModel()
     prep = _prepare(samples, sections, cm)
     best, best_t = None, float("inf")
-    for la in lookaheads:
-        sched = _greedy(prep, la)
-        t = simulate(sched, samples, sections, cm).step_time if len(lookaheads) > 1 else 0.0
+    for la, jo in passes:
+        sched = _greedy(prep, la, jo)
+        t = simulate(sched, samples, sections, cm).step_time if len(passes) > 1 else 0.0
         if best is None or t < best_t - 1e-12 * max(t, 1.0):
             best, best_t = sched, t
     return best
@@ -96,6 +98,7 @@ def greedy_wavefront(
     cost_model: CostModel | None = None,
     *,
     lookahead: float = 0.0,
+    johnson: bool = False,
 ) -> Schedule:
     """One greedy, event-driven wavefront pass.
 
@@ -106,9 +109,11 @@ def greedy_wavefront(
         lookahead: a free replica whose best ready micro-batch would take ``d`` seconds idles
             instead, if a sample that unblocks more work becomes ready within
             ``lookahead * d`` (0: never idle while work is ready).
+        johnson: producers order samples by Johnson's flow-shop rule instead of most
+            downstream work first.
     """
     cm = cost_model if cost_model is not None else UnitCostModel()
-    return _greedy(_prepare(samples, sections, cm), lookahead)
+    return _greedy(_prepare(samples, sections, cm), lookahead, johnson)
 
 
 @dataclass
@@ -122,6 +127,7 @@ class _Prep:
     cost_of: dict[int, Mapping[str, float]]
     send: dict[str, dict[int, float]]  # producer -> sample -> estimated transfer seconds
     key: dict[str, dict[int, tuple]]  # section -> sample -> pool key (smaller = sooner)
+    johnson: dict[str, dict[int, tuple]]  # the same, producers ordered by Johnson's rule
 
 
 def _prepare(samples, sections, cm: CostModel) -> _Prep:
@@ -137,30 +143,43 @@ def _prepare(samples, sections, cm: CostModel) -> _Prep:
             grad_producers[c].append(p)
     grad_ancestors = {n: _closure(n, grad_producers) for n in order}
 
-    # per-(sample, section) estimates from single-sample features
+    # per-(sample, section) estimates: a sample's share of a full micro-batch of its like,
+    # so fixed per-micro-batch costs are amortised as they will be
     cost_of = {s.sample_id: s.cost for s in samples}
     one = {i: micro_batch_features([c]) for i, c in cost_of.items()}
     fwd: dict[str, dict[int, float]] = {}
     bwd: dict[str, dict[int, float]] = {}
     for n in order:
+        m = by_name[n].micro_batch_size
         act = [s.sample_id for s in samples if n in s.sections]
-        fwd[n] = {i: cm.forward_time(n, one[i]) for i in act}
-        bwd[n] = {} if roles[n] == "forward" else {i: cm.backward_time(n, one[i]) for i in act}
+        full = {i: {k: v * m for k, v in one[i].items()} for i in act}
+        fwd[n] = {i: cm.forward_time(n, full[i]) / m for i in act}
+        bwd[n] = {} if roles[n] == "forward" else {i: cm.backward_time(n, full[i]) / m for i in act}
     key = {}
+    johnson = {}
     for n in order:
-        k = {}
+        k, kj = {}, {}
         for i in fwd[n]:
-            # work this (sample, section) unblocks: downstream passes, upstream backwards
-            w = sum(fwd[d].get(i, 0.0) + bwd[d].get(i, 0.0) for d in descendants[n])
-            w += sum(bwd[a].get(i, 0.0) for a in grad_ancestors[n])
-            # most work unblocked first, then largest own cost (balances replicas), then id
-            k[i] = (-w, -(fwd[n][i] + bwd[n].get(i, 0.0)), i)
+            own = fwd[n][i] + (bwd[n].get(i, 0.0) if roles[n] == "step" else 0.0)
+            down = sum(fwd[d].get(i, 0.0) + bwd[d].get(i, 0.0) for d in descendants[n])
+            up = sum(bwd[a].get(i, 0.0) for a in grad_ancestors[n])
+            # most work unblocked first (downstream passes, upstream backwards waiting for
+            # this sample's gradients), then largest own cost (balances replicas), then id
+            k[i] = (-(down + up), -own, i)
+            if down > 0:
+                # a producer feeding a pipeline: Johnson's two-stage flow-shop rule. Samples
+                # whose downstream work exceeds their own go first, cheapest first (consumers
+                # start early); then the rest, most downstream work first (no long tail).
+                kj[i] = (0, own, i) if own < down else (1, -down, i)
+            else:
+                kj[i] = k[i]
         key[n] = k
+        johnson[n] = kj
     send = {n: {i: cm.transfer_time(n, one[i], True) for i in fwd[n]} for n in order}
-    return _Prep(by_name, order, roles, cm, cost_of, send, key)
+    return _Prep(by_name, order, roles, cm, cost_of, send, key, johnson)
 
 
-def _greedy(prep: _Prep, lookahead: float) -> Schedule:
+def _greedy(prep: _Prep, lookahead: float, johnson: bool = False) -> Schedule:
     if lookahead < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     out_time: dict[str, dict[int, float]] = {}
@@ -179,7 +198,7 @@ def _greedy(prep: _Prep, lookahead: float) -> Schedule:
         reps, out_time[n] = _list_schedule(
             sec,
             ready,
-            prep.key[n],
+            (prep.johnson if johnson else prep.key)[n],
             prep.cost_of,
             prep.cm,
             with_backward=prep.roles[n] == "step",
@@ -219,7 +238,7 @@ def _list_schedule(
             # idle for a soon-ready sample that unblocks more than the best ready one
             f = cm.forward_time(sec.name, micro_batch_features(cost_of[i] for i in mb))
             horizon = t + lookahead * f
-            top = key[mb[0]][0]  # -(work unblocked) of the best ready sample
+            top = key[mb[0]][0]  # rank class of the best ready sample (smaller = sooner)
             # look at the next few arrivals only, so a pass stays O(n log n)
             k, stop = len(pending) - 1, max(-1, len(pending) - 1 - _SCAN)
             while k > stop and ready[pending[k]] <= horizon and key[pending[k]][0] >= top:
