@@ -39,6 +39,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--result", default=None, metavar="OUT.json", help="write rank 0's results")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary table")
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="write an atomic checkpoint every K steps and after the last (needs --checkpoint-dir)",
+    )
+    p.add_argument(
+        "--checkpoint-dir", default=None, metavar="D", help="checkpoints and sample-id logs"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the newest complete checkpoint in --checkpoint-dir (from step 0 if "
+        "none); a torchrun restart always resumes",
+    )
+    p.add_argument(
+        "--on-nonfinite",
+        choices=["stop", "skip"],
+        default="stop",
+        help="NaN/inf loss or gradient: stop naming the section and step (default), or skip "
+        "the step's update on every rank",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
         result=args.result,
         progress=not args.quiet,
         device=args.device,
+        checkpoint_every=args.checkpoint_every,
+        checkpoint_dir=args.checkpoint_dir,
+        resume=args.resume,
+        on_nonfinite=args.on_nonfinite,
     )
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and args.nproc is None
     if under_torchrun:
@@ -81,8 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m maestro.train", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
+    from maestro.runtime.faults import NonFiniteError
+
     try:
         return run(args)
+    except NonFiniteError as e:
+        print(f"maestro.train: error: {e}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError) as e:
         print(f"maestro.train: error: {e}", file=sys.stderr)
         return 2

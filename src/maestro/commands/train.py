@@ -19,6 +19,13 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from maestro.runtime.faults import NonFiniteError
     from maestro.train import run as train_run
 
-    return train_run(args)
+    try:
+        return train_run(args)
+    except NonFiniteError as e:
+        print(f"maestro train: error: {e}", file=sys.stderr)
+        return 1

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from maestro.config import TrainConfig
+from maestro.runtime.faults import NonFiniteError, kill_point, nonfinite_message, poison_factor
 from maestro.runtime.local import batch_to, make_optimizer
 from maestro.runtime.trace import Tracer
 from maestro.runtime.wire import Transport, message_tags
@@ -92,6 +93,12 @@ def flat_allreduce_grads(params: Sequence[torch.nn.Parameter], group=None) -> No
         off += n
 
 
+def grads_finite(params: Sequence[torch.nn.Parameter]) -> bool:
+    """Whether every existing gradient of ``params`` is finite."""
+    grads = [p.grad for p in params if p.grad is not None]
+    return all(bool(torch.isfinite(g).all()) for g in grads)
+
+
 def _grads_of(received: Outputs) -> Outputs:
     """Gradients of the received tensors that took part in autograd (zeros when unused)."""
     return {
@@ -134,6 +141,13 @@ class MaestroWorker:
                 g = dist.new_group(self.layout[spec.name])
                 if spec.name == self.name:
                     self.group = g
+        # the non-finite guard's flags are agreed among the ranks of trainable sections only:
+        # frozen ranks never update, so they keep running ahead of their consumers
+        self.guard_names = [s.name for s in self.specs if not config.sections[s.name].frozen]
+        guard_ranks = sorted(r for n in self.guard_names for r in self.layout[n])
+        self.guard_group = None
+        if 0 < len(guard_ranks) < world:
+            self.guard_group = dist.new_group(guard_ranks)
         self.trainable = not self.section.frozen
         self.params = [p for p in self.section.module.parameters() if p.requires_grad]
         self.optimizer = (
@@ -142,6 +156,11 @@ class MaestroWorker:
         self.scheduler = resolve_scheduler(config.scheduler)
         self.transport = Transport(device)
         self.label = f"{self.name}[{self.replica}]"
+        #: ``"stop"`` (raise ``NonFiniteError``) or ``"skip"`` (no update on any rank)
+        self.on_nonfinite = "stop"
+        #: sample ids this rank processed in the last step, and whether that step was skipped
+        self.last_ids: list[int] = []
+        self.last_skipped = False
 
     def _rank_of(self, section: str, schedule: Schedule, sample_id: int) -> int:
         return self.layout[section][schedule.replica_of(section, sample_id)]
@@ -167,7 +186,10 @@ class MaestroWorker:
             self.optimizer.zero_grad(set_to_none=True)
         kept = []
         loss_total = 0.0
-        for k, mb in enumerate(schedule.order[self.name][self.replica]):
+        mine = schedule.order[self.name][self.replica]
+        self.last_ids = [sid for mb in mine for sid in mb.sample_ids]
+        self.last_skipped = False
+        for k, mb in enumerate(mine):
             ids = mb.sample_ids
             ins: dict[str, list[Outputs | None]] = {}
             received: list[tuple[str, int, Outputs]] = []  # inputs that need gradients back
@@ -199,9 +221,16 @@ class MaestroWorker:
                             by_dst.setdefault(dst, []).append((sid, o))
                     for dst, items in by_dst.items():
                         self.transport.send(dst, tag_act, items, step)
+            if k == 0:
+                kill_point(step, self.rank)
             if sink:
                 with tr.span(f"{self.name} bwd", "backward", mb=k):
-                    loss = torch.stack([o["loss"] for o in outs]).sum() / norm
+                    per = [o["loss"] for o in outs]
+                    for i, sid in enumerate(ids):
+                        f = poison_factor(step, sid)
+                        if f is not None:
+                            per[i] = per[i] * f
+                    loss = torch.stack(per).sum() / norm
                     loss.backward()
                 loss_total += loss.item()
                 self._send_input_grads(received, schedule, tag_grad, step)
@@ -224,6 +253,10 @@ class MaestroWorker:
         with tr.span("flush sends", "wait"):
             self.transport.flush(before_step=step)
         assert not any(self.transport.inbox.values()), "unconsumed messages at end of step"
+        if self.trainable and not self._guard(step, sink, loss_total):
+            self.last_skipped = True
+            self.optimizer.zero_grad(set_to_none=True)
+            return loss_total
         if self.optimizer is not None:
             if self.group is not None:
                 with tr.span("all-reduce grads", "comm"):
@@ -231,6 +264,41 @@ class MaestroWorker:
             with tr.span("optimizer", "optimizer"):
                 self.optimizer.step()
         return loss_total
+
+    def _guard(self, step: int, sink: bool, loss: float) -> bool:
+        """Agree with every trainable rank whether the step is finite; ``True`` to update.
+
+        Runs before the DP all-reduce, so a NaN on one replica is caught before it spreads.
+        """
+        import math
+
+        flags = torch.zeros(2 * len(self.guard_names), dtype=torch.float64, device=self.device)
+        i = self.guard_names.index(self.name)
+        flags[2 * i] = float(sink and not math.isfinite(loss))
+        flags[2 * i + 1] = float(not grads_finite(self.params))
+        with self.tracer.span("non-finite guard", "comm"):
+            dist.all_reduce(flags, op=dist.ReduceOp.SUM, group=self.guard_group)
+        msg = nonfinite_message(step, flags.tolist(), self.guard_names)
+        if msg is None:
+            return True
+        if self.on_nonfinite == "stop":
+            raise NonFiniteError(f"{msg}; stopped before any optimizer update (--on-nonfinite)")
+        return False
+
+    def checkpoint_state(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
+        """``{section: (module, optimizer)}`` this rank writes (replica 0 of its section)."""
+        return {self.name: (self.section.module, self.optimizer)} if self.replica == 0 else {}
+
+    def load_checkpoint(self, ckpt) -> None:
+        """Load this section's module and optimizer state from a ``checkpoint.Checkpoint``."""
+        if self.name not in ckpt.sections:
+            raise ValueError(f"checkpoint has no state for section {self.name!r}")
+        st = ckpt.section(self.name)
+        self.section.module.load_state_dict(st["module"])
+        if self.optimizer is not None:
+            if st["optimizer"] is None:
+                raise ValueError(f"checkpoint has no optimizer state for section {self.name!r}")
+            self.optimizer.load_state_dict(st["optimizer"])
 
     def _send_input_grads(
         self, received: list[tuple[str, int, Outputs]], schedule: Schedule, tag: int, step: int

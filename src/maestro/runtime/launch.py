@@ -36,6 +36,14 @@ class RunOptions:
         progress: show a progress bar on rank 0.
         device: ``"auto"`` (CUDA when present, NCCL), ``"cpu"`` (gloo) or ``"cuda"``.
         timeout_s: collective/point-to-point timeout.
+        checkpoint_every: write a checkpoint every this many steps (and after the last step);
+            0 disables checkpoints.
+        checkpoint_dir: where checkpoints and the per-rank sample logs go (shared by all ranks).
+        resume: continue from the newest complete checkpoint in ``checkpoint_dir`` (start from
+            step 0 when there is none). Under torchrun a restarted attempt
+            (``TORCHELASTIC_RESTART_COUNT > 0``) always resumes.
+        on_nonfinite: ``"stop"`` (raise, naming the section and step) or ``"skip"`` (every rank
+            drops the step's update) when a loss or gradient is NaN/inf.
     """
 
     monolithic: bool = False
@@ -45,6 +53,19 @@ class RunOptions:
     progress: bool = True
     device: str = "auto"
     timeout_s: float = 300.0
+    checkpoint_every: int = 0
+    checkpoint_dir: str | None = None
+    resume: bool = False
+    on_nonfinite: str = "stop"
+
+    def validate(self) -> None:
+        """``ValueError`` for inconsistent options."""
+        if self.checkpoint_every < 0:
+            raise ValueError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
+            raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
+        if self.on_nonfinite not in ("stop", "skip"):
+            raise ValueError(f"--on-nonfinite must be stop or skip, got {self.on_nonfinite!r}")
 
 
 def free_port() -> int:
@@ -62,16 +83,41 @@ def _device(opts: RunOptions, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def _elastic_store(rank: int, world: int, timeout: timedelta):
+    """Under torchrun, a store whose keys are private to this restart attempt (else ``None``).
+
+    torchrun's agent keeps one store across restarts, so without a per-attempt prefix a
+    restarted rank can read a dead rank's gloo address from the previous attempt and fail
+    with "connection refused" (observed with torch 2.13 and ``--max-restarts``).
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=not agent and rank == 0,
+        timeout=timeout,
+        multi_tenant=not agent,
+    )
+    return dist.PrefixStore(f"maestro/attempt_{attempt}", store)
+
+
 def worker_main(config: TrainConfig, opts: RunOptions) -> dict | None:
     """Train on this rank (environment as set by torchrun or ``launch``); rank 0 returns results."""
+    opts.validate()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = _device(opts, int(os.environ.get("LOCAL_RANK", 0)))
     torch.set_num_threads(config.threads)
+    timeout = timedelta(seconds=opts.timeout_s)
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
         rank=rank,
         world_size=world,
-        timeout=timedelta(seconds=opts.timeout_s),
+        timeout=timeout,
+        store=_elastic_store(rank, world, timeout),
     )
     try:
         return _train(config, opts, rank, world, device)
@@ -87,7 +133,9 @@ def _train(config, opts, rank, world, device) -> dict | None:
     tracer = Tracer(rank, "", keep_events=opts.trace is not None)
     cls = MonolithicWorker if opts.monolithic else MaestroWorker
     worker = cls(config, rank, world, device, tracer)
+    worker.on_nonfinite = opts.on_nonfinite
     tracer.label = worker.label
+    start, prior_losses, log = _resume(config, opts, rank, worker)
     labels = [None] * world
     dist.all_gather_object(labels, worker.label)
     sections = [lab.split("[")[0] for lab in labels]
@@ -98,8 +146,10 @@ def _train(config, opts, rank, world, device) -> dict | None:
         mode = "monolithic" if opts.monolithic else "maestro"
         bar = tqdm(total=config.steps, desc=f"{mode} {config.workload}", unit="step")
     losses: list[float] = [0.0] * config.steps
-    # step 0 warms up (allocations, first messages): time steps 1.. from a common start
-    warm = 1 if config.steps > 1 else 0
+    losses[:start] = prior_losses
+    skipped: list[int] = []
+    # the first step warms up (allocations, first messages): time the rest from a common start
+    warm = start + 1 if config.steps > start + 1 else start
     t_start, busy0 = time.time(), 0.0
     totals0: dict[str, float] = {}
     # Loss statistics are all-reduced asynchronously and waited one step later, so a rank
@@ -111,6 +161,8 @@ def _train(config, opts, rank, world, device) -> dict | None:
         step, stats, work = pending.popleft()
         work.wait()
         losses[step] = float(stats[0])
+        if stats[-1] > 0:
+            skipped.append(step)
         if bar is not None:
             if step >= warm:
                 elapsed = max(time.time() - t_start, 1e-9)
@@ -122,7 +174,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
                 )
             bar.update(1)
 
-    for step in range(config.steps):
+    for step in range(start, config.steps):
         if step == warm:
             # every rank starts the timed window together (a frozen section may run ahead
             # later, but not across the window's start)
@@ -131,16 +183,29 @@ def _train(config, opts, rank, world, device) -> dict | None:
             dist.barrier()
             t_start, busy0, totals0 = time.time(), tracer.busy, dict(tracer.totals)
         loss = worker.step(step)
-        stats = torch.zeros(world + 1, dtype=torch.float64, device=device)
+        stats = torch.zeros(world + 2, dtype=torch.float64, device=device)
         stats[0] = loss
         stats[1 + rank] = tracer.busy - busy0
+        stats[-1] = float(worker.last_skipped)
         pending.append((step, stats, dist.all_reduce(stats, async_op=True)))
+        if log is not None:
+            rec = {"step": step, "section": worker.name, "ids": worker.last_ids}
+            log.write(**rec, skipped=worker.last_skipped)
         while len(pending) > 1:
             finish_oldest()
+        if opts.checkpoint_every and (
+            (step + 1) % opts.checkpoint_every == 0 or step + 1 == config.steps
+        ):
+            while pending:
+                finish_oldest()
+            with tracer.span("checkpoint", "checkpoint"):
+                _save_checkpoint(config, opts, rank, world, worker, step + 1, losses)
     while pending:
         finish_oldest()
     worker.finish()
     elapsed = time.time() - t_start
+    if log is not None:
+        log.close()
     if bar is not None:
         bar.close()
     measured_steps = config.steps - warm
@@ -169,6 +234,8 @@ def _train(config, opts, rank, world, device) -> dict | None:
         "workload": config.workload,
         "world_size": world,
         "losses": losses,
+        "start_step": start,
+        "skipped_steps": skipped,
         "elapsed_s": elapsed,
         "measured_steps": measured_steps,
         "samples_per_s": measured_steps * config.global_batch / elapsed,
@@ -186,6 +253,89 @@ def _train(config, opts, rank, world, device) -> dict | None:
     if opts.progress:
         print(summary_table(result), flush=True)
     return result
+
+
+def _resume(config, opts, rank, worker):
+    """Load the newest complete checkpoint when resuming; ``(start step, losses, sample log)``.
+
+    Rank 0 picks the checkpoint and broadcasts its step, so every rank loads the same one.
+    """
+    from maestro.runtime import checkpoint as ck
+
+    if not opts.checkpoint_dir:
+        return 0, [], None
+    d = Path(opts.checkpoint_dir)
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+    resume = opts.resume or attempt > 0
+    choice = [None]
+    if rank == 0:
+        d.mkdir(parents=True, exist_ok=True)
+        found = ck.latest(d)
+        if not resume and ck.has_manifests(d):
+            choice[0] = "error: " + (
+                f"{d} already holds checkpoints: pass --resume, or use an empty directory"
+            )
+        elif resume and found is not None:
+            try:
+                meta = found.meta()
+                ck.check_compatible(found, meta, config)
+                choice[0] = (found.next_step, found.sections)
+            except ValueError as e:
+                choice[0] = f"error: {e}"
+        else:
+            choice[0] = (0, [])
+    dist.broadcast_object_list(choice, src=0)
+    if isinstance(choice[0], str):
+        raise ValueError(choice[0][len("error: ") :])
+    start, sections = choice[0]
+    prior: list[float] = []
+    if start > 0:
+        found = ck.Checkpoint(d, start, sections)
+        meta = found.meta()
+        worker.load_checkpoint(found)
+        if rank < len(meta["rng"]):
+            ck.set_rng_state(meta["rng"][rank])
+        prior = list(meta["losses"])[:start]
+        if meta["scheduler"] != config.scheduler and rank == 0:
+            print(
+                f"maestro: resuming with scheduler {config.scheduler!r} (checkpoint used "
+                f"{meta['scheduler']!r}): losses may differ from an uninterrupted run by rounding",
+                flush=True,
+            )
+    log = ck.SampleLog(d, rank, attempt)
+    log.write(resume_from=start)
+    return start, prior, log
+
+
+def _save_checkpoint(config, opts, rank, world, worker, next_step, losses) -> None:
+    """Collective: every section's replica 0 writes its state, rank 0 the run state, then the
+    manifest once all files are in place."""
+    from maestro.runtime import checkpoint as ck
+
+    d = Path(opts.checkpoint_dir)
+    worker.finish()  # every message of the finished steps is delivered
+    for name, (module, optimizer) in worker.checkpoint_state().items():
+        ck.save_section(d, next_step, name, module, optimizer)
+    rngs = [None] * world
+    dist.all_gather_object(rngs, ck.rng_state())
+    names = [None] * world
+    dist.all_gather_object(names, list(worker.checkpoint_state()))
+    if rank == 0:
+        meta = {
+            "next_step": next_step,
+            "losses": losses[:next_step],
+            "rng": rngs,
+            "scheduler": config.scheduler,
+            "scheduler_state": None,  # schedulers are pure functions of the batch
+            "mode": "monolithic" if opts.monolithic else "maestro",
+            "world_size": world,
+            "fingerprint": ck.fingerprint(config),
+        }
+        ck.save_meta(d, next_step, meta)
+    dist.barrier()  # every section file is in place before the manifest names it
+    if rank == 0:
+        ck.commit(d, next_step, sorted({n for ns in names for n in ns}))
+    dist.barrier()
 
 
 def _per_section(sections: list[str], per_rank: torch.Tensor) -> dict[str, float]:
@@ -230,6 +380,17 @@ def summary_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _reraise_rank_error(e: Exception) -> None:
+    """Re-raise a rank's ``ValueError``/``NonFiniteError`` as itself (one line for the CLI)."""
+    from maestro.runtime.faults import NonFiniteError
+
+    last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+    for cls in (NonFiniteError, ValueError):
+        for prefix in (f"{cls.__module__}.{cls.__name__}: ", f"{cls.__name__}: "):
+            if last.startswith(prefix):
+                raise cls(last[len(prefix) :]) from None
+
+
 def _spawn_entry(local_rank: int, world: int, port: int, cfg: dict, opts: RunOptions) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -260,6 +421,7 @@ def launch(
         raise ValueError(f"--nproc must be >= 1, got {nproc}")
     if not opts.monolithic:
         config.check_world_size(nproc)
+    opts.validate()
     with tempfile.TemporaryDirectory() as tmp:
         result_path = opts.result or str(Path(tmp) / "result.json")
         run_opts = RunOptions(**{**opts.__dict__, "result": result_path})
@@ -271,10 +433,14 @@ def launch(
             start_method="spawn",
         )
         deadline = time.time() + timeout_s
-        while not ctx.join(timeout=1.0):
-            if time.time() > deadline:
-                for p in ctx.processes:
-                    if p.is_alive():
-                        p.terminate()
-                raise TimeoutError(f"training did not finish within {timeout_s:.0f} s")
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.time() > deadline:
+                    for p in ctx.processes:
+                        if p.is_alive():
+                            p.terminate()
+                    raise TimeoutError(f"training did not finish within {timeout_s:.0f} s")
+        except mp.ProcessRaisedException as e:
+            _reraise_rank_error(e)
+            raise
         return json.loads(Path(result_path).read_text())

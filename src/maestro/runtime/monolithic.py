@@ -9,10 +9,14 @@ its averaging, so the loss normalisation is the same as Maestro's and the refere
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.distributed as dist
 
 from maestro.config import TrainConfig
-from maestro.runtime.executor import flat_allreduce_grads
+from maestro.runtime.executor import flat_allreduce_grads, grads_finite
+from maestro.runtime.faults import NonFiniteError, nonfinite_message, poison_factor
 from maestro.runtime.local import batch_to, compound_loss, make_optimizer
 from maestro.runtime.trace import Tracer
 from maestro.schedule.types import SampleInfo, SectionSpec, fifo_schedule
@@ -44,6 +48,11 @@ class MonolithicWorker:
             "model", dp=world, micro_batch_size=config.monolithic_micro_batch_size
         )
         self.label = f"model[{rank}]"
+        self.on_nonfinite = "stop"
+        self.last_ids: list[int] = []
+        self.last_skipped = False
+        self.name = "model"
+        self.guard_names = [s.name for s in self.graph if not s.frozen]
 
     def step(self, step: int) -> float:
         """One data-parallel step; returns this rank's share of the loss."""
@@ -55,18 +64,61 @@ class MonolithicWorker:
         for o in self.optimizers.values():
             o.zero_grad(set_to_none=True)
         total = 0.0
+        self.last_ids = [sid for mb in mine for sid in mb.sample_ids]
+        self.last_skipped = False
         for k, mb in enumerate(mine):
             with self.tracer.span("model fwd", "forward", mb=k, samples=len(mb.sample_ids)):
                 loss = compound_loss(self.graph, [batch[i] for i in mb.sample_ids]) / norm
+                for sid in mb.sample_ids:
+                    f = poison_factor(step, sid)
+                    if f is not None:
+                        loss = loss * f
             with self.tracer.span("model bwd", "backward", mb=k):
                 loss.backward()
             total += loss.item()
+        if not self._guard(step, total):
+            self.last_skipped = True
+            for o in self.optimizers.values():
+                o.zero_grad(set_to_none=True)
+            return total
         with self.tracer.span("all-reduce grads", "comm"):
             flat_allreduce_grads(self.params)
         with self.tracer.span("optimizer", "optimizer"):
             for o in self.optimizers.values():
                 o.step()
         return total
+
+    def _guard(self, step: int, loss: float) -> bool:
+        """Agree with every rank whether the step is finite; ``True`` to update."""
+        flags = torch.zeros(2 * len(self.guard_names), dtype=torch.float64, device=self.device)
+        for i, n in enumerate(self.guard_names):
+            flags[2 * i] = float(self.graph.is_sink(n) and not math.isfinite(loss))
+            flags[2 * i + 1] = float(not grads_finite(list(self.graph[n].module.parameters())))
+        dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+        msg = nonfinite_message(step, flags.tolist(), self.guard_names)
+        if msg is None:
+            return True
+        if self.on_nonfinite == "stop":
+            raise NonFiniteError(f"{msg}; stopped before any optimizer update (--on-nonfinite)")
+        return False
+
+    def checkpoint_state(self) -> dict:
+        """``{section: (module, optimizer)}`` of every section (rank 0 writes them)."""
+        if self.rank != 0:
+            return {}
+        return {s.name: (s.module, self.optimizers.get(s.name)) for s in self.graph}
+
+    def load_checkpoint(self, ckpt) -> None:
+        """Load every section's module and optimizer state (from a Maestro or monolithic run)."""
+        for s in self.graph:
+            if s.name not in ckpt.sections:
+                raise ValueError(f"checkpoint has no state for section {s.name!r}")
+            st = ckpt.section(s.name)
+            s.module.load_state_dict(st["module"])
+            if s.name in self.optimizers:
+                if st["optimizer"] is None:
+                    raise ValueError(f"checkpoint has no optimizer state for section {s.name!r}")
+                self.optimizers[s.name].load_state_dict(st["optimizer"])
 
     def finish(self) -> None:
         """Nothing outstanding: every collective completed within its step."""
