@@ -86,8 +86,7 @@ def fingerprint(config: TrainConfig) -> dict:
     """What must not change across a resume: the model, the data and the optimizers."""
     d = config.to_dict()
     return {
-        "workload": d["workload"],
-        "model": d.get("model"),
+        "workload": d["workload"],  # its name and the model's shape
         "seed": d["seed"],
         "global_batch": d["global_batch"],
         "dtype": d["dtype"],
