@@ -8,6 +8,7 @@ targets of hop ``i``. The result has one row per seed: ``(batch_size, out_dim)``
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -57,6 +58,9 @@ class SampledGNN(nn.Module):
         from torch_geometric.nn import GATConv, GCNConv, SAGEConv
 
         self.cfg = cfg
+        #: SAGE layers aggregate with a CSR sparse-dense product when a hop's edges come grouped
+        #: by target (our samplers' order): the same mean as PyG's scatter, a few times faster.
+        self.fast_sage = True
         dims = [cfg.in_dim] + [cfg.hidden_dim] * (cfg.num_layers - 1) + [cfg.out_dim]
         self.convs = nn.ModuleList()
         for i in range(cfg.num_layers):
@@ -76,6 +80,10 @@ class SampledGNN(nn.Module):
         conv = self.convs[i]
         if self.cfg.kind == "gcn":
             return conv(x, edge_index)[:num_dst]
+        if self.cfg.kind == "sage" and self.fast_sage:
+            out = _sage_csr(conv, x, edge_index, num_dst)
+            if out is not None:
+                return out
         return conv((x, x[:num_dst]), edge_index)
 
     def embed(self, x: Tensor, adjs) -> Tensor:
@@ -103,6 +111,33 @@ class SampledGNN(nn.Module):
             if i != last:
                 x = torch.relu(x)
         return emb, x
+
+
+def _sage_csr(conv, x: Tensor, edge_index: Tensor, num_dst: int) -> Tensor | None:
+    """PyG ``SAGEConv`` (mean aggregation, root weight) as ``lin_l(A x / deg) + lin_r(x_dst)``
+    with ``A`` the hop's CSR adjacency; None when it does not apply (then PyG's path runs)."""
+    if (
+        conv.aggr != "mean"
+        or not conv.root_weight
+        or conv.normalize
+        or conv.project
+        or edge_index.device.type != "cpu"
+    ):
+        return None
+    src, dst = edge_index[0], edge_index[1]
+    if dst.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):
+        return None  # CSR needs edges grouped by target
+    deg = torch.bincount(dst, minlength=num_dst)  # (num_dst,)
+    crow = torch.zeros(num_dst + 1, dtype=torch.long)
+    torch.cumsum(deg, 0, out=crow[1:])
+    ones = torch.ones(src.numel(), dtype=x.dtype)
+    with warnings.catch_warnings():  # torch flags sparse CSR as beta on its first use
+        warnings.simplefilter("ignore", UserWarning)
+        adj = torch.sparse_csr_tensor(
+            crow, src, ones, size=(num_dst, x.shape[0]), check_invariants=False
+        )
+    agg = torch.sparse.mm(adj, x) / deg.clamp(min=1).unsqueeze(1).to(x.dtype)  # (num_dst, F)
+    return conv.lin_l(agg) + conv.lin_r(x[:num_dst])
 
 
 class FeatureMLP(nn.Module):
