@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 PIPC   := $(PIP) install -c constraints.txt
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test demo lint format bench bench-env clean
+.PHONY: venv test demo lint format bench bench-env reliability clean
 
 venv: $(STAMP)
 
@@ -33,8 +33,15 @@ format: $(STAMP)
 	$(PY) -m ruff check --fix src tests bench
 	$(PY) -m ruff format src tests bench
 
+# Side-by-side benchmarks (long; never part of the tests). reliability.py and gpu_check.sh run
+# on their own: `make reliability`, and `bash bench/gpu_check.sh` on a machine with a GPU.
+BENCHES := sampling psgs features model_forward serving maestro_throughput maestro_schedule maestro_plan
+
 bench: $(STAMP)
-	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+	@for b in $(BENCHES); do echo "== bench/$$b.py"; $(PY) bench/$$b.py || exit 1; done
+
+reliability: $(STAMP)
+	$(PY) bench/reliability.py
 
 # Baseline envs for the benchmarks (.bench-env/pyg: torch-scatter + torch-sparse built from source,
 # 20-60 min; .bench-env/dgl: torch 2.2.1 + dgl 2.1.0, ~2.8 GB download). Idempotent; never run by
