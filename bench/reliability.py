@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from quiver.serving import loadgen
+from quiver.serving.client import wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -113,15 +114,7 @@ def main() -> int:
     )
     rows: list[str] = []
     try:
-        t_end = time.monotonic() + 120
-        while True:
-            try:
-                node_count = httpx.get(f"{url}/healthz", timeout=2).json()["node_count"]
-                break
-            except httpx.HTTPError:
-                if server.poll() is not None or time.monotonic() > t_end:
-                    raise SystemExit(f"server did not start: {server.stdout.read()}") from None
-                time.sleep(0.3)
+        node_count = wait_until_ready(url, proc=server)["node_count"]
         mix = loadgen.RequestMix(node_count, 1, 64)
         for nodes in mix.draw(20, seed=1):  # warm-up: kernel load and first-call costs
             httpx.post(f"{url}/v1/predict", json={"nodes": nodes}, timeout=60)

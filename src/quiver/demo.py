@@ -121,6 +121,7 @@ def _serve(work: Path) -> None:
 
     from quiver.datasets import load_prepared
     from quiver.serving import loadgen
+    from quiver.serving.client import wait_until_ready
     from quiver.training import TrainConfig, train_model
 
     d = small_dataset(work)
@@ -140,17 +141,7 @@ def _serve(work: Path) -> None:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                httpx.get(f"{url}/healthz", timeout=2)
-                break
-            except httpx.HTTPError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"quiver serve did not start: {server.stdout.read()}"
-                    ) from None
-                time.sleep(0.3)
+        wait_until_ready(url, proc=server)
         print(f"   $ quiver serve {d.name} --checkpoint {ckpt.name} --port {port}")
 
         async def target():

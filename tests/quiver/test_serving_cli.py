@@ -5,12 +5,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
 from quiver.cli import main as quiver_main
-from quiver.serving.client import Client
+from quiver.serving.client import Client, wait_until_ready
 
 
 @pytest.fixture(scope="module")
@@ -93,15 +92,7 @@ def test_serve_process_answers_and_drains_on_sigterm(trained):
     )
     try:
         client = Client(f"http://127.0.0.1:{port}", timeout=10)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                client.health()
-                break
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"server did not start: {proc.stdout.read()}")
-                time.sleep(0.2)
+        wait_until_ready(client.url, proc=proc)
         body = client.predict([0, 5, 199])
         assert len(body["values"]) == 3
         proc.send_signal(signal.SIGTERM)

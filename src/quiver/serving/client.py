@@ -59,3 +59,27 @@ class Client:
                 msg = r.text
             raise ServerError(r.status_code, msg)
         return r.json()
+
+
+def wait_until_ready(url: str, timeout: float = 120.0, proc=None) -> dict:
+    """Poll ``GET /healthz`` until the server answers; returns its JSON.
+
+    Args:
+        url: the server's base URL.
+        timeout: seconds to wait before ``TimeoutError``.
+        proc: optional ``subprocess.Popen`` of the server; if it exits first, ``RuntimeError``
+            carries its output.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return httpx.get(url.rstrip("/") + "/healthz", timeout=2).json()
+        except httpx.HTTPError:
+            if proc is not None and proc.poll() is not None:
+                out = proc.stdout.read() if proc.stdout else ""
+                raise RuntimeError(f"server exited before it was ready: {out}") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} not ready after {timeout:.0f} s") from None
+            time.sleep(0.2)
