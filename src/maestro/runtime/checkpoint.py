@@ -192,11 +192,14 @@ class Checkpoint:
 
     def meta(self) -> dict:
         """The run state written by rank 0."""
-        return torch.load(self.dir / f"{_prefix(self.next_step)}.meta.pt", weights_only=False)
+        path = self.dir / f"{_prefix(self.next_step)}.meta.pt"
+        return torch.load(path, map_location="cpu", weights_only=False)
 
     def section(self, name: str) -> dict:
         """``{"module": state_dict, "optimizer": state_dict | None}`` of one section."""
-        return torch.load(self.dir / f"{_prefix(self.next_step)}.{name}.pt", weights_only=False)
+        # CPU first: ``load_state_dict`` moves the state onto the module's device
+        path = self.dir / f"{_prefix(self.next_step)}.{name}.pt"
+        return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def latest(d: str | Path) -> Checkpoint | None:

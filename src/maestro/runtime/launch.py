@@ -166,7 +166,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
         if bar is not None:
             if step >= warm:
                 elapsed = max(time.time() - t_start, 1e-9)
-                busy = _per_section(sections, stats[1:].cpu() / elapsed)
+                busy = _per_section(sections, stats[1:-1].cpu() / elapsed)
                 rate = (step + 1 - warm) * config.global_batch / elapsed
                 bar.set_postfix_str(
                     f"loss={losses[step]:.4f} samples/s={rate:.1f} "
@@ -183,6 +183,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
             dist.barrier()
             t_start, busy0, totals0 = time.time(), tracer.busy, dict(tracer.totals)
         loss = worker.step(step)
+        # [loss, busy seconds of each rank, 1 if the step was skipped (non-finite)]
         stats = torch.zeros(world + 2, dtype=torch.float64, device=device)
         stats[0] = loss
         stats[1 + rank] = tracer.busy - busy0
