@@ -141,6 +141,14 @@ def test_missing_file_and_pruning(tmp_path):
     assert ck.latest(tmp_path).next_step == 4
 
 
+def test_discard_newer_removes_only_later_manifests(tmp_path):
+    for s in (2, 4):
+        _write(tmp_path, s, float(s))
+    ck.discard_newer(tmp_path, 2)
+    assert ck.latest(tmp_path).next_step == 2
+    assert not (tmp_path / "step-00000004.manifest.json").exists()
+
+
 def test_committed_history_drops_rolled_back_steps(tmp_path):
     lines = [
         {"attempt": 0, "resume_from": 0},
@@ -208,6 +216,7 @@ def test_kd_killed_and_resumed_equals_uninterrupted_exactly(tmp_path, monkeypatc
     )
     assert res["start_step"] == 2
     assert res["losses"] == ref["losses"]  # the same floats, not just close
+    assert ck.latest(d).next_step == 6 and ck.verify(d, 4) is None  # rewritten intact
     _equal_weights(ref_dir, out_dir, ["student"])
     hist = ck.committed_history(d)
     for step in range(cfg.steps):

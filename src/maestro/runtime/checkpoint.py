@@ -156,6 +156,14 @@ def has_manifests(d: str | Path) -> bool:
     return Path(d).is_dir() and bool(_steps_with_manifest(Path(d)))
 
 
+def discard_newer(d: str | Path, next_step: int) -> None:
+    """Remove the manifests of (damaged) checkpoints newer than the one a run resumes from,
+    so that pruning never keeps them in place of the checkpoints the resumed run writes."""
+    for step in _steps_with_manifest(Path(d)):
+        if step > next_step:
+            (Path(d) / f"{_prefix(step)}.manifest.json").unlink(missing_ok=True)
+
+
 def _steps_with_manifest(d: Path) -> list[int]:
     return [int(m.group(1)) for f in d.iterdir() if (m := _MANIFEST.match(f.name))]
 

@@ -281,8 +281,11 @@ def _resume(config, opts, rank, worker):
                 meta = found.meta()
                 ck.check_compatible(found, meta, config)
                 choice[0] = (found.next_step, found.sections)
+                ck.discard_newer(d, found.next_step)
             except ValueError as e:
                 choice[0] = f"error: {e}"
+        elif resume and ck.has_manifests(d):
+            choice[0] = f"error: no intact checkpoint in {d} to resume from"
         else:
             choice[0] = (0, [])
     dist.broadcast_object_list(choice, src=0)
