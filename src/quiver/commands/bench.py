@@ -85,18 +85,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         if not args.dataset_dir or not args.checkpoint:
             raise ValueError("give DATASET_DIR and --checkpoint, or --url of a running server")
-        from quiver.commands.serve import serve_config
-        from quiver.serving.server import Server
+        from quiver.commands.serve import server_from_args
 
-        server = Server.from_dataset(
-            args.dataset_dir,
-            args.checkpoint,
-            serve_config(args),
-            seed=args.seed,
-            feature_cache=args.feature_cache if args.feature_cache != "0" else 0,
-            device=args.device,
-            gpu_cache=args.gpu_cache,
-        ).start()
+        server = server_from_args(args).start()
         print(f"in-process server: {server.info}")
         node_count = server.engine.node_count
 

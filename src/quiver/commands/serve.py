@@ -36,6 +36,21 @@ def serve_config(args):
     )
 
 
+def server_from_args(args):
+    """A ``quiver.Server`` (not started) from DATASET_DIR, --checkpoint and the serve options."""
+    from quiver.serving.server import Server
+
+    return Server.from_dataset(
+        args.dataset_dir,
+        args.checkpoint,
+        serve_config(args),
+        seed=args.seed,
+        feature_cache=args.feature_cache if args.feature_cache != "0" else 0,
+        device=args.device,
+        gpu_cache=args.gpu_cache,
+    )
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "serve",
@@ -54,17 +69,7 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from quiver.serving.server import Server
-
-    server = Server.from_dataset(
-        args.dataset_dir,
-        args.checkpoint,
-        serve_config(args),
-        seed=args.seed,
-        feature_cache=args.feature_cache if args.feature_cache != "0" else 0,
-        device=args.device,
-        gpu_cache=args.gpu_cache,
-    )
+    server = server_from_args(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
