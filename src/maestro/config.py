@@ -282,6 +282,13 @@ class TrainConfig:
             )
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.scheduler == "monolithic":
+            # the monolithic schedule colocates every section on every rank: a run mode, not a
+            # section schedule the executor can run
+            raise ValueError(
+                "scheduler = 'monolithic' is the baseline's run mode: run `maestro train CONFIG "
+                "--monolithic` (with monolithic_micro_batch_size or --mbs) instead"
+            )
         if ":" not in self.scheduler:
             from maestro.schedule import get_scheduler
 

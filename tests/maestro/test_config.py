@@ -116,6 +116,8 @@ def test_unknown_optimizer_and_scheduler():
         C.loads(cfg_text(student='optimizer = "lion"'))
     with pytest.raises(ValueError, match=r"unknown scheduler 'magic'"):
         C.loads(cfg_text(head='scheduler = "magic"\n'))
+    with pytest.raises(ValueError, match=r"--monolithic"):
+        C.loads(cfg_text(head='scheduler = "monolithic"\n'))
 
 
 def test_frozen_consumer_of_trainable_producer_is_rejected():
