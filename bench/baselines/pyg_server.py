@@ -118,9 +118,6 @@ class PygServer(common.ThreadPoolServer):
         self.stage_s["model"] += t3 - t2
         return out.float().numpy()
 
-    def _predict(self, seeds: np.ndarray) -> np.ndarray:
-        return self.logits(seeds).argmax(axis=1)
-
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

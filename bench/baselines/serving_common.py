@@ -4,9 +4,10 @@ Runs in any of the three environments (main venv, `.bench-env/pyg`, `.bench-env/
 only numpy and the standard library, and loads `quiver.serving.loadgen` by file path, since our
 package does not install in the DGL env (it needs torch >= 2.3).
 
-A baseline server is a `ThreadPoolServer` subclass that implements `_predict(seeds) -> classes`
-(one request, no cross-request batching, as PyG/DGL users serve); `send` is the async target
-`loadgen.run_open_loop` drives, the same interface as Quiver's `loadgen.engine_target`.
+A baseline server is a `ThreadPoolServer` subclass that implements `logits(seeds)` (classes
+are its argmax; one request, no cross-request batching, as PyG/DGL users serve); `send` is
+the async target `loadgen.run_open_loop` drives, the same interface as Quiver's
+`loadgen.engine_target`.
 """
 
 from __future__ import annotations
@@ -100,9 +101,13 @@ class ThreadPoolServer:
         self.stage_s = {"sample": 0.0, "gather": 0.0, "model": 0.0}
         self.num_served = 0
 
-    def _predict(self, seeds: np.ndarray) -> np.ndarray:
-        """Class ids of `seeds` (int64 `(n,)`, unique), one forward pass."""
+    def logits(self, seeds: np.ndarray) -> np.ndarray:
+        """Logits `(n, classes)` of `seeds` (int64 `(n,)`, unique), one forward pass."""
         raise NotImplementedError
+
+    def _predict(self, seeds: np.ndarray) -> np.ndarray:
+        """Class ids of `seeds`: the argmax of `logits`."""
+        return self.logits(seeds).argmax(axis=1)
 
     def _handle(self, nodes: list[int], arrival: float) -> str:
         if (time.perf_counter() - arrival) * 1e3 > self.max_queue_ms:
