@@ -21,9 +21,7 @@ import argparse
 import asyncio
 import datetime
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,6 +29,7 @@ import httpx
 
 from quiver.serving import loadgen
 from quiver.serving.client import wait_until_ready
+from quiver.serving.http import spawn_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,12 +39,6 @@ def rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def prepare(preset: str, work: Path) -> tuple[Path, Path]:
@@ -92,26 +85,7 @@ def main() -> int:
     work = Path(args.data)
     work.mkdir(parents=True, exist_ok=True)
     d, ckpt = prepare(args.preset, work)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "quiver.cli",
-            "serve",
-            str(d),
-            "--checkpoint",
-            str(ckpt),
-            "--port",
-            str(port),
-            "--slo-ms",
-            str(args.slo_ms),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    server, url = spawn_serve(d, ckpt, "--slo-ms", str(args.slo_ms))
     rows: list[str] = []
     try:
         node_count = wait_until_ready(url, proc=server)["node_count"]

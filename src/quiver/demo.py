@@ -113,15 +113,13 @@ def _serve(work: Path) -> None:
     """Train a GraphSAGE briefly, serve it with ``quiver serve`` (its own process) on loopback,
     and run a short open-loop load against it over HTTP."""
     import signal
-    import socket
-    import subprocess
-    import sys
 
     import httpx
 
     from quiver.datasets import load_prepared
     from quiver.serving import loadgen
     from quiver.serving.client import wait_until_ready
+    from quiver.serving.http import spawn_serve
     from quiver.training import TrainConfig, train_model
 
     d = small_dataset(work)
@@ -132,17 +130,10 @@ def _serve(work: Path) -> None:
         f"   trained GraphSAGE: val acc {rep.val_acc:.3f} (features-only MLP "
         f"{rep.mlp_val_acc:.3f}) in {rep.seconds:.1f} s"
     )
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    cmd = [sys.executable, "-m", "quiver.cli", "serve", str(d), "--checkpoint", str(ckpt)]
-    server = subprocess.Popen(
-        cmd + ["--port", str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    url = f"http://127.0.0.1:{port}"
+    server, url = spawn_serve(d, ckpt)
     try:
         wait_until_ready(url, proc=server)
-        print(f"   $ quiver serve {d.name} --checkpoint {ckpt.name} --port {port}")
+        print(f"   $ quiver serve {d.name} --checkpoint {ckpt.name}  ({url})")
 
         async def target():
             client = httpx.AsyncClient(base_url=url, timeout=30)

@@ -2,14 +2,12 @@
 
 import csv
 import signal
-import socket
-import subprocess
-import sys
 
 import pytest
 
 from quiver.cli import main as quiver_main
 from quiver.serving.client import Client, wait_until_ready
+from quiver.serving.http import spawn_serve
 
 
 @pytest.fixture(scope="module")
@@ -37,12 +35,6 @@ def trained(tmp_path_factory):
     )
     assert rc == 0 and ckpt.exists()
     return d, ckpt
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_train_model_reports_accuracy(trained, capsys):
@@ -73,25 +65,9 @@ def test_train_model_bad_input_is_one_line_error(tmp_path, capsys):
 
 def test_serve_process_answers_and_drains_on_sigterm(trained):
     d, ckpt = trained
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "quiver.cli",
-            "serve",
-            str(d),
-            "--checkpoint",
-            str(ckpt),
-            "--port",
-            str(port),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, url = spawn_serve(d, ckpt)
     try:
-        client = Client(f"http://127.0.0.1:{port}", timeout=10)
+        client = Client(url, timeout=10)
         wait_until_ready(client.url, proc=proc)
         body = client.predict([0, 5, 199])
         assert len(body["values"]) == 3

@@ -44,3 +44,39 @@ class HTTPThread:
     def stop(self, timeout: float = 10.0) -> None:
         self.server.should_exit = True
         self._thread.join(timeout)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def spawn_serve(dataset_dir, checkpoint, *extra: str, port: int | None = None):
+    """Start ``quiver serve`` as its own process on a loopback port.
+
+    Returns ``(process, url)``; the process's stdout (with stderr) is a text pipe. The caller
+    waits with ``quiver.serving.client.wait_until_ready(url, proc=process)`` and stops it with
+    SIGTERM (it drains, then exits 0).
+    """
+    import subprocess
+    import sys
+
+    port = port or free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "quiver.cli",
+        "serve",
+        str(dataset_dir),
+        "--checkpoint",
+        str(checkpoint),
+        "--port",
+        str(port),
+        *extra,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, f"http://127.0.0.1:{port}"
