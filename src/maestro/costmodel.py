@@ -129,9 +129,13 @@ class GPUPreset:
 
 #: H100 SXM5 and H200 SXM: 989 TFLOP/s dense bf16, HBM3 3.35 TB/s (80 GB) / HBM3e 4.8 TB/s
 #: (141 GB), NVLink 4 at 900 GB/s total (450 GB/s per direction), one 400 Gb/s NIC per GPU.
+#: A100 SXM4 80 GB (for checking the model against published Megatron-LM figures, which are
+#: A100 runs): 312 TFLOP/s dense bf16, HBM2e 2.0 TB/s, NVLink 3 at 600 GB/s total (300 GB/s
+#: per direction), one 200 Gb/s HDR NIC per GPU.
 GPU_PRESETS: dict[str, GPUPreset] = {
     "H100": GPUPreset("H100", 989e12, 3.35e12, 80e9, 450e9, 50e9),
     "H200": GPUPreset("H200", 989e12, 4.8e12, 141e9, 450e9, 50e9),
+    "A100": GPUPreset("A100", 312e12, 2.0e12, 80e9, 300e9, 25e9),
 }
 
 

@@ -25,6 +25,20 @@ from maestro.sim.scenarios import SHAPES
 FEATS = {"samples": 4.0, "tokens": 4096.0, "tokens_sq": 4 * 1024.0**2}
 
 
+def used_gpus(plan) -> int:
+    """GPUs a plan occupies: a colocated group's (or the monolithic layout's) counted once."""
+    if plan.monolithic:
+        s = next(iter(plan.sections.values()))
+        return s.dp * s.tp
+    seen, total = set(), 0
+    for n, s in plan.sections.items():
+        key = s.group or n
+        if key not in seen:
+            seen.add(key)
+            total += s.dp * s.tp
+    return total
+
+
 @pytest.fixture(scope="module")
 def kd16():
     return scenario_workload(ScenarioSpec(name="kd", gpus=16, samples_per_gpu=4))
@@ -62,20 +76,28 @@ def test_tp_splits_compute_and_memory_but_pays_communication():
 def test_plans_respect_the_gpu_budget(mllm16, gpus):
     p = plan_maestro(mllm16.samples, mllm16.sections, mllm16.cost_model, gpus)
     assert set(p.sections) == {"vision", "audio", "llm"}
-    assert p.gpus == sum(s.dp * s.tp for s in p.sections.values()) <= gpus
+    assert p.gpus == used_gpus(p) <= gpus
     assert all(s.dp >= 1 and s.tp in (1, 2, 4, 8) for s in p.sections.values())
+    for g in {s.group for s in p.sections.values()} - {""}:
+        # a colocated group's members share one (dp, tp)
+        assert len({(s.dp, s.tp) for s in p.sections.values() if s.group == g}) == 1
     mono = plan_monolithic(mllm16.samples, mllm16.sections, mllm16.cost_model, gpus)
     (tp,) = {s.tp for s in mono.sections.values()}
     (dp,) = {s.dp for s in mono.sections.values()}
-    assert mono.gpus == dp * tp <= gpus and dp == gpus // tp
+    assert mono.gpus == dp * tp <= gpus and 1 <= dp <= gpus // tp
 
 
-def test_gpu_budget_below_one_per_section_is_an_error(mllm16):
+def test_gpu_budget_below_one_per_section_is_an_error_unless_sections_share(mllm16):
+    apart = SearchOptions(colocate=False, include_monolithic=False)
     with pytest.raises(ValueError, match="at least one GPU per section"):
-        plan_maestro(mllm16.samples, mllm16.sections, mllm16.cost_model, 2)
+        plan_maestro(mllm16.samples, mllm16.sections, mllm16.cost_model, 2, apart)
     # three sections fit three GPUs only if the 7B LLM fitted one GPU; it needs tp >= 2
     with pytest.raises(ValueError, match="no layout of the sections fits within 3 GPUs"):
-        plan_maestro(mllm16.samples, mllm16.sections, mllm16.cost_model, 3)
+        plan_maestro(mllm16.samples, mllm16.sections, mllm16.cost_model, 3, apart)
+    # sharing devices, the three sections fit on 2 GPUs (one tp=2 replica holds them all)
+    p = plan_maestro(mllm16.samples, mllm16.sections, mllm16.cost_model, 2)
+    assert p.gpus == used_gpus(p) <= 2
+    assert p.monolithic or len({s.group for s in p.sections.values()}) == 1
 
 
 def test_memory_limit_is_respected_and_forces_tp(kd16):

@@ -110,7 +110,8 @@ def test_target_throughput_and_breakdown(capsys):
         (["kd", "--simulate-top", "0"], "--simulate-top must be >= 1"),
         (["kd", "--target-samples-per-s", "-1"], "--target-samples-per-s must be > 0"),
         (["kd", "--out", "/nonexistent/dir/p.toml"], "does not exist"),
-        (["mllm-audio", "--gpus", "3"], "no layout of the sections fits within 3 GPUs"),
+        # the 35B teacher and the 7B student with its optimizer state exceed one 80 GB GPU
+        (["kd", "--gpus", "1"], "fits"),
     ],
 )
 def test_bad_input_is_one_line(capsys, args, message):

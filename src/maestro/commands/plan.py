@@ -74,7 +74,14 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and not Path(args.out).parent.is_dir():
         raise FileNotFoundError(f"--out: directory {Path(args.out).parent} does not exist")
     wl = load_workload(args.config, args.gpus, args.profile)
-    opts = SearchOptions(simulate_top=args.simulate_top)
+    # a run config's plan must be runnable (disjoint sections or the whole model per rank) and
+    # is for a fixed number of processes: the fastest step; scenarios: fewest GPU-hours
+    run = wl.config is not None
+    opts = SearchOptions(
+        simulate_top=args.simulate_top,
+        colocate=not run,
+        objective="step_time" if run else "gpu_hours",
+    )
     c = compare(wl, wl.gpus, opts)
     print(format_comparison(wl.label, wl.gpus, c))
     if args.target_samples_per_s is not None:

@@ -1,9 +1,11 @@
 """Planner: choose each section's (dp, tp, micro-batch size) for a GPU budget.
 
-``plan_maestro`` searches per-section layouts and ``plan_monolithic`` the best whole-model
-layout under the same effort (``search``); ``compare``/``breakdown`` report GPU-hours and
-where the saving comes from (``report``); ``load_workload`` reads scenarios and run configs
-(``workload``); ``TPCostModel`` models tensor parallelism (``tpmodel``).
+``plan_maestro`` searches per-section layouts, including sections sharing devices
+(``colocate``), and ``plan_monolithic`` the best whole-model layout under the same effort
+(``search``); both score layouts by their steady-state step over consecutive steps
+(``steady``); ``compare``/``breakdown`` report GPU-hours and where the saving comes from
+(``report``); ``load_workload`` reads scenarios and run configs (``workload``);
+``TPCostModel`` models tensor parallelism (``tpmodel``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from maestro.plan.search import (
     plan_maestro,
     plan_monolithic,
 )
+from maestro.plan.steady import SteadyResult, steady_state
 from maestro.plan.tpmodel import TPCostModel, with_layout
 from maestro.plan.workload import ScenarioSpec, Workload, load_workload
 
@@ -27,6 +30,7 @@ __all__ = [
     "ScenarioSpec",
     "SearchOptions",
     "SectionPlan",
+    "SteadyResult",
     "TPCostModel",
     "Workload",
     "breakdown",
@@ -37,5 +41,6 @@ __all__ = [
     "plan_maestro",
     "plan_monolithic",
     "plan_toml",
+    "steady_state",
     "with_layout",
 ]

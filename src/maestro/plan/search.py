@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from maestro.costmodel import AnalyticalCostModel, CostModel, micro_batch_features
+from maestro.plan.colocate import group_name
 from maestro.plan.tpmodel import with_layout
 from maestro.schedule.graph import check_sections, grad_consumers, role, topo_order
 from maestro.schedule.types import SampleInfo, SectionSpec
@@ -56,12 +57,15 @@ class Ablation:
         no_skip: every sample activates every section (encoders run on text-only samples,
             as a dummy input would).
         fifo: score with data-order (fifo) scheduling instead of the balancing wavefront.
+        disaggregated: every section on its own devices (no colocated groups, and not the
+            monolithic layout either).
     """
 
     same_mbs: bool = False
     same_tp: bool = False
     no_skip: bool = False
     fifo: bool = False
+    disaggregated: bool = False
 
 
 @dataclass
@@ -82,6 +86,21 @@ class SearchOptions:
         balance_monolithic: give the monolithic baseline a length-balanced sampler (equal
             estimated work per rank) instead of data-order shards, so it is not weakened by
             imbalance a real trainer would avoid.
+        colocate: also search layouts where groups of sections share devices
+            (``maestro.plan.colocate``: all sections colocated with per-section micro-batches,
+            or e.g. the encoders with the LLM). ``maestro.runtime`` runs only disjoint
+            sections or the whole model on every rank, so plans for run configs turn it off.
+        include_monolithic: the monolithic layouts (``plan_monolithic``'s search) are
+            Maestro candidates too, so Maestro's plan is never slower than the baseline's.
+        objective: ``"gpu_hours"``: the fewest GPU-hours per sample (GPUs x step time; a
+            plan may leave GPUs of the budget unused); ``"step_time"``: the fastest step on
+            at most the budget (e.g. a fixed number of processes on this machine).
+        zero1: shard trainable sections' optimizer state (fp32 master weights, Adam moments)
+            over their DP group (ZeRO-1 / Megatron's distributed optimizer), in both the
+            Maestro and the monolithic search.
+        steps: consecutive steps replayed to score a layout (``maestro.plan.steady``); the
+            plan's step time is the steady-state period, which lets a frozen section run one
+            step ahead exactly as the runtime does.
     """
 
     mbs_choices: Sequence[int] = MBS_CHOICES
@@ -93,6 +112,11 @@ class SearchOptions:
     simulate_top: int = 3
     ablation: Ablation = field(default_factory=Ablation)
     balance_monolithic: bool = True
+    colocate: bool = True
+    include_monolithic: bool = True
+    steps: int = 4
+    zero1: bool = True
+    objective: str = "gpu_hours"
 
 
 @dataclass(frozen=True)
@@ -104,7 +128,9 @@ class SectionPlan:
         tp: GPUs per replica (tensor parallel).
         micro_batch_size: samples per micro-batch.
         recompute: activation checkpointing in backward.
-        memory: predicted peak bytes per GPU.
+        memory: predicted peak bytes per GPU (of the whole group, when colocated).
+        group: the colocated group it shares devices with (``"a+b"``), or ``""`` when the
+            section has devices of its own.
     """
 
     dp: int
@@ -112,6 +138,7 @@ class SectionPlan:
     micro_batch_size: int
     recompute: bool = False
     memory: float = 0.0
+    group: str = ""
 
     @property
     def gpus(self) -> int:
@@ -131,10 +158,10 @@ class Plan:
         step_time: simulated seconds per step.
         estimate: the analytical estimate that ranked it.
         candidates: layouts that passed the memory check; simulated: how many were replayed.
-        busy_bound: the busiest GPU's compute plus its all-reduce in the simulated step: the
-            step time if pipeline fill and drain overlapped with the neighbouring steps (the
-            simulator replays one step alone; the runtime lets a frozen section run ahead
-            into the next step, so the truth lies between ``busy_bound`` and ``step_time``).
+        busy_bound: the busiest GPU's compute plus its all-reduce per step: the step time if
+            all pipeline fill and drain overlapped with the neighbouring steps (a lower bound).
+        first_step: the first step from an idle start (``maestro.sim.simulate``'s figure);
+            ``step_time`` is the steady-state period of consecutive steps.
     """
 
     sections: dict[str, SectionPlan]
@@ -146,6 +173,7 @@ class Plan:
     candidates: int = 0
     simulated: int = 0
     busy_bound: float = 0.0
+    first_step: float = 0.0
 
     @property
     def samples_per_s(self) -> float:
@@ -163,10 +191,18 @@ class Plan:
 
     def describe(self) -> str:
         """``name dp=.. tp=.. mbs=..`` for every section, on one line."""
-        parts = []
+        parts, done = [], set()
         for n, s in self.sections.items():
             rc = " rc" if s.recompute else ""
-            parts.append(f"{n} dp={s.dp} tp={s.tp} mbs={s.micro_batch_size}{rc}")
+            if not s.group:
+                parts.append(f"{n} dp={s.dp} tp={s.tp} mbs={s.micro_batch_size}{rc}")
+            elif s.group not in done:
+                done.add(s.group)
+                mem = [(m, p) for m, p in self.sections.items() if p.group == s.group]
+                inner = " ".join(
+                    f"{m}:{p.micro_batch_size}{'rc' if p.recompute else ''}" for m, p in mem
+                )
+                parts.append(f"[{s.group}] dp={s.dp} tp={s.tp} mbs {inner}")
         return ("monolithic: " if self.monolithic else "") + ", ".join(parts)
 
 
@@ -181,6 +217,7 @@ class _Option:
     bwd_mb: float  # mean backward seconds per micro-batch (drain of a trainable producer)
     min_dp: int
     memory: float
+    mem_one: float = 0.0  # memory with one micro-batch in flight (no batch held)
 
 
 def _worst_features(costs: list, sec: SectionSpec, mbs: int) -> dict[str, float]:
@@ -238,6 +275,12 @@ class _Problem:
             raise ValueError(f"gpus must be >= 1, got {gpus}")
         if not samples:
             raise ValueError("the global batch has no samples")
+        if opts.objective not in ("gpu_hours", "step_time"):
+            raise ValueError(
+                f"objective must be 'gpu_hours' or 'step_time', got {opts.objective!r}"
+            )
+        if opts.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {opts.steps}")
         self.opts = opts
         if opts.ablation.no_skip:
             every = frozenset(s.name for s in sections)
@@ -273,8 +316,12 @@ class _Problem:
         return out or [min(self.opts.mbs_choices)]
 
 
-def _section_options(p: _Problem, n: str) -> list[_Option]:
-    """Memory-feasible options of section ``n`` with their data-order work."""
+def _section_options(p: _Problem, n: str, standalone: bool = True) -> list[_Option]:
+    """Memory-feasible options of section ``n`` with their data-order work.
+
+    ``standalone=False``: as a member of a colocated group, which accounts for held
+    activations itself (no producer ``min_dp`` here).
+    """
     sec = p.sections[n]
     trainable = not sec.frozen
     costs = p.costs[n]
@@ -284,113 +331,254 @@ def _section_options(p: _Problem, n: str) -> list[_Option]:
             continue
         cm = p.model({n: tp}, {n: rc})
         spec = replace(sec, micro_batch_size=mbs)
-        min_dp, mem = 1, 0.0
+        min_dp, mem, mem_one = 1, 0.0, 0.0
         if hasattr(cm, "memory_bytes") and costs:
             worst = _worst_features(costs, sec, mbs)
-            mem = cm.memory_bytes(n, worst, trainable)
-            if p.roles[n] == "producer":
+            mem_one = cm.memory_bytes(n, worst, trainable)
+            held = 0.0
+            if standalone and p.roles[n] == "producer":
                 # all forwards before backwards: a replica holds its share of the batch
                 total = micro_batch_features(costs)
                 fixed = cm.memory_bytes(n, {"samples": 1.0}, trainable)
-                per_all = cm.memory_bytes(n, total, trainable) - fixed
-                # mem (one micro-batch in flight) already counts the weights
-                room = p.memory_limit - mem if p.memory_limit is not None else 1.0
-                if room <= 0:
-                    continue
-                if p.memory_limit is not None:
-                    min_dp = max(1, -int(-per_all // room))
-                mem = mem + per_all / min_dp
-            if p.memory_limit is not None and mem > p.memory_limit:
+                held = cm.memory_bytes(n, total, trainable) - fixed
+            got = _fit(p, mem_one, _shard_bytes(p, n, tp), held, tp)
+            if got is None:
                 continue
+            min_dp, mem = got
         if min_dp * tp > p.gpus:
             continue
         work, longest, fwd_mb, bwd_mb = _data_order_work(cm, spec, costs, trainable)
-        out.append(_Option(tp, mbs, rc, work, longest, fwd_mb, bwd_mb, min_dp, mem))
+        out.append(_Option(tp, mbs, rc, work, longest, fwd_mb, bwd_mb, min_dp, mem, mem_one))
+    # micro-batch sizes beyond the token budget change nothing: keep the smallest of equals
+    seen, kept = set(), []
+    for o in out:
+        key = (o.tp, o.recompute, round(o.work, 9), o.min_dp)
+        if key not in seen:
+            seen.add(key)
+            kept.append(o)
+    return kept
+
+
+def _shard_bytes(p: _Problem, n: str, tp: int) -> float:
+    """Bytes per GPU of section ``n``'s optimizer state that ZeRO-1 shards over its DP group:
+    fp32 master weights and Adam moments, 12 of the 18 bytes per parameter (Megatron-LM's
+    distributed optimizer: ``6 + 12 / dp`` bytes per parameter instead of 18)."""
+    if not p.opts.zero1 or p.sections[n].frozen or not p.analytical:
+        return 0.0
+    return 12.0 * p.cm.shapes[n].params / tp
+
+
+def _fit(p: _Problem, mem_one: float, shard: float, held: float, tp: int):
+    """``(min_dp, bytes per GPU at min_dp)`` for a replica whose ``mem_one`` (one micro-batch
+    in flight, full optimizer state) loses ``shard * (1 - 1/dp)`` to ZeRO-1 and gains
+    ``held / dp`` of held activations; None if no ``dp`` within the budget fits."""
+    fixed = mem_one - shard
+    divisible = shard + held
+    if p.memory_limit is None:
+        return 1, fixed + divisible
+    room = p.memory_limit - fixed
+    if room <= 0:
+        return None
+    min_dp = max(1, -int(-divisible // room))
+    if min_dp * tp > p.gpus:
+        return None
+    return min_dp, fixed + divisible / min_dp
+
+
+@dataclass
+class _GroupOption:
+    """A colocated group's option: one tp, each member's own (mbs, recompute) option."""
+
+    tp: int
+    members: dict[str, _Option]
+    work: float
+    longest: float
+    fwd_mb: float
+    bwd_mb: float
+    min_dp: int
+    memory: float
+
+
+@dataclass
+class _Unit:
+    """A schedulable unit of a layout: one section, or a colocated group (``members``)."""
+
+    name: str
+    members: tuple[str, ...]
+    inputs: tuple[str, ...]  # unit names
+    frozen: bool
+    role: str
+
+
+def _units(p: _Problem, groups: list[tuple[str, ...]]) -> dict[str, _Unit]:
+    from maestro.plan.colocate import merged_specs
+
+    specs = merged_specs(
+        [p.sections[n] for n in p.order], groups, {g: 1 for g in groups}, {n: 1 for n in p.order}
+    )
+    gcons = grad_consumers(specs)
+    members = {group_name(g): g for g in groups}
+    return {
+        s.name: _Unit(s.name, members[s.name], s.inputs, s.frozen, role(s, gcons)) for s in specs
+    }
+
+
+def _group_options(p: _Problem, u: _Unit, member_opts: dict[str, list[_Option]]):
+    """Options of a colocated group: per tp, the best few member options combined.
+
+    Memory per GPU: every member's weights, optimizer state and one micro-batch of
+    activations (members run one after another); a trainable member whose consumer in the
+    group is trainable keeps the activations of the whole group micro-batch until that
+    consumer's backward; if the group feeds a trainable section outside it, it holds its
+    whole share of the batch (``min_dp``, as a standalone producer).
+    """
+    out = []
+    inner_consumed = {
+        n
+        for c in u.members
+        if not p.sections[c].frozen
+        for n in p.sections[c].inputs
+        if n in u.members
+    }
+    for tp in p.tps:
+        choices = []
+        for n in u.members:
+            os_ = [o for o in member_opts[n] if o.tp == tp]
+            choices.append(sorted(os_, key=lambda o: o.work)[: p.opts.keep_per_section])
+        if not all(choices):
+            continue
+        for combo in itertools.product(*choices):
+            opts = dict(zip(u.members, combo))
+            group_mbs = max(o.mbs for o in combo)
+            mem = sum(o.mem_one for o in combo)
+            cm = p.model({n: tp for n in u.members}, {n: o.recompute for n, o in opts.items()})
+            if hasattr(cm, "memory_bytes"):
+                for n in inner_consumed:
+                    if p.sections[n].frozen or not p.costs[n]:
+                        continue
+                    spec = p.sections[n]
+                    whole = cm.memory_bytes(n, _worst_features(p.costs[n], spec, group_mbs), True)
+                    mem += max(0.0, whole - opts[n].mem_one)
+            held = 0.0
+            if u.role == "producer" and hasattr(cm, "memory_bytes"):
+                for n in u.members:
+                    if p.sections[n].frozen or not p.costs[n]:
+                        continue
+                    total = micro_batch_features(p.costs[n])
+                    fixed = cm.memory_bytes(n, {"samples": 1.0}, True)
+                    held += cm.memory_bytes(n, total, True) - fixed
+            got = _fit(p, mem, sum(_shard_bytes(p, n, tp) for n in u.members), held, tp)
+            if got is None:
+                continue
+            min_dp, mem = got
+            out.append(
+                _GroupOption(
+                    tp,
+                    opts,
+                    sum(o.work for o in combo),
+                    sum(o.longest for o in combo),
+                    sum(o.fwd_mb for o in combo),
+                    sum(o.bwd_mb for o in combo),
+                    min_dp,
+                    mem,
+                )
+            )
     return out
 
 
-def _estimate(p: _Problem, n: str, o: _Option, dp: int) -> float:
-    cm = p.model({n: o.tp}, {n: o.recompute})
-    t = max(o.work / dp, o.longest) if p.costs[n] else 0.0
-    if not p.sections[n].frozen:
-        t += cm.allreduce_time(n, dp, dp * o.tp <= p.gpus_per_node)
+def _members(u: _Unit, o) -> dict[str, _Option]:
+    return o.members if isinstance(o, _GroupOption) else {u.members[0]: o}
+
+
+def _estimate(p: _Problem, u: _Unit, o, dp: int) -> float:
+    mem = _members(u, o)
+    cm = p.model({n: o.tp for n in mem}, {n: m.recompute for n, m in mem.items()})
+    t = max(o.work / dp, o.longest) if any(p.costs[n] for n in mem) else 0.0
+    same = dp * o.tp <= p.gpus_per_node
+    t += sum(cm.allreduce_time(n, dp, same) for n in mem if not p.sections[n].frozen)
     return t
 
 
-def _allocate(p: _Problem, combo: dict[str, _Option]) -> tuple[dict[str, int], float] | None:
-    """Deal GPUs to the bottleneck section; ``(dp per section, estimated step)`` or None."""
+def _allocate(p: _Problem, units: dict[str, _Unit], combo: dict) -> tuple[dict, float] | None:
+    """Deal GPUs to the bottleneck unit; ``(dp per unit, estimated step)`` or None."""
     dp = {n: o.min_dp for n, o in combo.items()}
     left = p.gpus - sum(dp[n] * o.tp for n, o in combo.items())
     if left < 0:
         return None
-    heap = [(-_estimate(p, n, o, dp[n]), n) for n, o in combo.items()]
+    heap = [(-_estimate(p, units[n], o, dp[n]), n) for n, o in combo.items()]
     heapq.heapify(heap)
     while heap:
         neg, n = heap[0]
         o = combo[n]
         if o.tp > left:
             break  # the bottleneck cannot grow; others growing would not shorten the step
-        new = _estimate(p, n, o, dp[n] + 1)
+        new = _estimate(p, units[n], o, dp[n] + 1)
         if new >= -neg:
             break
         dp[n] += 1
         left -= o.tp
         heapq.heapreplace(heap, (-new, n))
-    return dp, max(-t for t, _ in heap) + _fill_drain(p, combo)
+    return dp, max(-t for t, _ in heap) + _fill_drain(units, combo)
 
 
-def _fill_drain(p: _Problem, combo: dict[str, _Option]) -> float:
-    """Pipeline latency the per-section balance misses: a consumer cannot start before one
-    micro-batch of each producer chain has run forward, and a trainable producer's last
-    backward runs after its consumers' last gradients arrive."""
+def _fill_drain(units: dict[str, _Unit], combo: dict) -> float:
+    """Pipeline latency the per-unit balance misses: a consumer cannot start before one
+    micro-batch of each trainable producer chain has run forward (a frozen producer runs a
+    step ahead, so its first outputs are waiting in steady state), and a trainable
+    producer's last backward runs after its consumers' last gradients arrive."""
     ready: dict[str, float] = {}
-    for n in p.order:
-        ins = p.sections[n].inputs
-        ready[n] = max((ready[i] + combo[i].fwd_mb for i in ins), default=0.0)
+    for n, u in units.items():  # topological order
+        ready[n] = max(
+            (ready[i] + (0.0 if units[i].frozen else combo[i].fwd_mb) for i in u.inputs),
+            default=0.0,
+        )
     fill = max(ready.values(), default=0.0)
-    drain = max((combo[n].bwd_mb for n in p.order if p.roles[n] == "producer"), default=0.0)
+    drain = max((combo[n].bwd_mb for n, u in units.items() if u.role == "producer"), default=0.0)
     return fill + drain
 
 
-def _simulate(p: _Problem, specs: list[SectionSpec], cm: CostModel, monolithic: bool, mbs=None):
-    from maestro.schedule import fifo_schedule, monolithic_schedule, wavefront_schedule
-    from maestro.sim import simulate
+def _simulate(
+    p: _Problem, specs, cm: CostModel, monolithic: bool, mbs=None, samples=None, units=None
+):
+    """``(steady-state step, busiest GPU's work, first step)`` of a layout.
 
+    ``monolithic``: every spec on every rank, length-balanced shards (``units``: the
+    ``(name, frozen)`` the balance costs, default the real sections)."""
+    from maestro.plan.steady import steady_state
+    from maestro.schedule import fifo_schedule, monolithic_schedule, wavefront_schedule
+
+    samples = p.samples if samples is None else samples
     if monolithic:
         world = specs[0].dp
-        samples = p.samples
         if p.opts.balance_monolithic:
-            samples = _balanced_order(p, samples, world, cm)
+            samples = _balanced_order(p, samples, world, cm, units)
         sched = monolithic_schedule(samples, specs, cm, world_size=world, micro_batch_size=mbs)
     elif p.opts.ablation.fifo:
-        sched = fifo_schedule(p.samples, specs, cm)
+        sched = fifo_schedule(samples, specs, cm)
     else:
-        sched = wavefront_schedule(p.samples, specs, cm)
-    res = simulate(sched, p.samples, specs, cm)
-    if monolithic:
-        names = list(res.sections)
-        world = len(res.sections[names[0]].busy)
-        busiest = max(sum(res.sections[n].busy[r] for n in names) for r in range(world))
-        bound = busiest + res.sections[names[0]].allreduce
-    else:
-        bound = max(max(st.busy) + st.allreduce for st in res.sections.values())
-    return res.step_time, bound
+        sched = wavefront_schedule(samples, specs, cm)
+    res = steady_state(sched, samples, specs, cm, steps=p.opts.steps)
+    return res.period, res.busy, res.first_step
 
 
-def _balanced_order(p: _Problem, samples, world: int, cm: CostModel) -> list[SampleInfo]:
+def _balanced_order(
+    p: _Problem, samples, world: int, cm: CostModel, units=None
+) -> list[SampleInfo]:
     """Samples reordered so each of ``world`` contiguous equal-count shards carries about the
     same estimated work (longest first to the least-loaded rank with room): a length-balanced
     sampler, so the baseline's ranks do not wait on the one holding the longest sequences."""
+    if units is None:
+        units = [(n, p.sections[n].frozen) for n in p.order]
     n = len(samples)
     room = [((r + 1) * n) // world - (r * n) // world for r in range(world)]
 
     def cost(s: SampleInfo) -> float:
         f = micro_batch_features([s.cost])
         t = 0.0
-        for name in p.order:
+        for name, frozen in units:
             if name in s.sections:
                 t += cm.forward_time(name, f)
-                if not p.sections[name].frozen:
+                if not frozen:
                     t += cm.backward_time(name, f)
         return t
 
@@ -412,7 +600,13 @@ def plan_maestro(
     gpus: int,
     options: SearchOptions | None = None,
 ) -> Plan:
-    """Choose every section's (dp, tp, mbs, recompute) for at most ``gpus`` GPUs.
+    """Choose every section's (dp, tp, mbs, recompute) and device sharing for ``gpus`` GPUs.
+
+    Layouts searched: every section on its own devices; with ``options.colocate``, every
+    valid grouping of sections onto shared devices (``maestro.plan.colocate``); with
+    ``options.include_monolithic``, the monolithic layouts of ``plan_monolithic`` (so the
+    result is never slower than the baseline's plan). Each grouping is ranked analytically
+    and its best few simulated over consecutive steps (``maestro.plan.steady``).
 
     Args:
         samples: one global batch (the workload mix); it stays the same for every layout.
@@ -425,92 +619,194 @@ def plan_maestro(
         options: search settings and ablations.
 
     Returns:
-        The fastest simulated ``Plan``.
+        The simulated ``Plan`` with the fewest GPU-hours per sample (GPUs x steady-state step
+        time), the faster on a tie. It may use fewer than ``gpus`` GPUs when more would not
+        pay for themselves.
 
     Raises:
         ValueError: no layout fits the memory limit within ``gpus`` GPUs.
     """
+    from maestro.plan.colocate import (
+        GroupedCostModel,
+        merged_samples,
+        merged_specs,
+        valid_groupings,
+    )
+
     opts = options or SearchOptions()
     p = _Problem(samples, sections, cost_model, gpus, opts)
-    if gpus < len(p.order):
+    ab = opts.ablation
+    alone = [(n,) for n in p.order]
+    groupings = [alone] if gpus >= len(p.order) else []
+    shared = opts.colocate and not ab.disaggregated
+    if shared:
+        groupings += [g for g in valid_groupings([p.sections[n] for n in p.order]) if g != alone]
+    if not groupings and not (opts.include_monolithic and not ab.disaggregated):
         raise ValueError(f"need at least one GPU per section: {gpus} < {len(p.order)}")
     per = {n: _section_options(p, n) for n in p.order}
-    for n, os_ in per.items():
-        if not os_:
-            raise ValueError(
-                f"section {n!r}: no (tp, micro-batch, recompute) fits "
-                f"{_gb(p.memory_limit)} per device within {gpus} GPUs"
-            )
-    ab = opts.ablation
-    if ab.same_mbs or ab.same_tp:
-        families = [_tied_combos(p, per, ab)]
-    else:
-        # the cheapest options per section, and every tied family, each with its own best few
-        # simulated, so the full search contains each ablation's search
-        kept = {
-            n: sorted(os_, key=lambda o: o.work * o.tp)[: opts.keep_per_section]
-            for n, os_ in per.items()
-        }
-        families = [
-            [dict(zip(p.order, c)) for c in itertools.product(*(kept[n] for n in p.order))],
-            _tied_combos(p, per, Ablation(same_mbs=True)),
-            _tied_combos(p, per, Ablation(same_tp=True)),
-        ]
+    shares = any(len(g) > 1 for groups in groupings for g in groups)
+    member = {n: _section_options(p, n, standalone=False) for n in p.order} if shares else {}
     chosen: dict[tuple, tuple] = {}
     num_ranked = 0
-    for combos in families:
-        ranked = []
-        for combo in combos:
-            alloc = _allocate(p, combo)
-            if alloc is not None:
-                ranked.append((alloc[1], combo, alloc[0]))
-        num_ranked += len(ranked)
-        ranked.sort(key=lambda r: r[0])
-        for est, combo, dp in ranked[: opts.simulate_top]:
-            key = tuple((n, o.tp, o.mbs, o.recompute, dp[n]) for n, o in combo.items())
-            chosen.setdefault(key, (est, combo, dp))
-    if not chosen:
+    errors = []
+    for groups in groupings:
+        if len(groups) > gpus:
+            continue
+        units = _units(p, groups)
+        opts_of = {}
+        for name, u in units.items():
+            if len(u.members) == 1:
+                opts_of[name] = per[u.members[0]]
+            else:
+                opts_of[name] = _group_options(p, u, member)
+        missing = [name for name, os_ in opts_of.items() if not os_]
+        if missing:
+            errors.append(missing[0])
+            continue
+        if ab.same_mbs or ab.same_tp:
+            families = [_tied_combos(p, units, opts_of, ab)]
+        else:
+            # the cheapest options per unit, and every tied family, each with its own best few
+            # simulated, so the full search contains each ablation's search
+            kept = {
+                n: sorted(os_, key=lambda o: o.work * o.tp)[: opts.keep_per_section]
+                for n, os_ in opts_of.items()
+            }
+            families = [
+                [dict(zip(units, c)) for c in itertools.product(*(kept[n] for n in units))],
+                _tied_combos(p, units, opts_of, Ablation(same_mbs=True)),
+                _tied_combos(p, units, opts_of, Ablation(same_tp=True)),
+            ]
+        for combos in families:
+            ranked = []
+            for combo in combos:
+                alloc = _allocate(p, units, combo)
+                if alloc is not None:
+                    used = sum(alloc[0][u] * o.tp for u, o in combo.items())
+                    cost = alloc[1] * (used if opts.objective == "gpu_hours" else 1)
+                    ranked.append((alloc[1], combo, alloc[0], cost))
+            num_ranked += len(ranked)
+            ranked.sort(key=lambda r: r[3])  # estimated GPU-seconds per step
+            for est, combo, dp, _ in ranked[: opts.simulate_top]:
+                key = tuple(
+                    (
+                        n,
+                        o.tp,
+                        dp[n],
+                        tuple((m, x.mbs, x.recompute) for m, x in _members(units[n], o).items()),
+                    )
+                    for n, o in combo.items()
+                )
+                chosen.setdefault(key, (groups, units, est, combo, dp))
+    mono = None
+    if opts.include_monolithic and not ab.disaggregated:
+        try:
+            mono = plan_monolithic(samples, sections, cost_model, gpus, opts)
+        except ValueError:
+            mono = None
+    if not chosen and mono is None:
+        if errors:
+            raise ValueError(
+                f"section {errors[0]!r}: no (tp, micro-batch, recompute) fits "
+                f"{_gb(p.memory_limit)} per device within {gpus} GPUs"
+            )
         raise ValueError(f"no layout of the sections fits within {gpus} GPUs")
     best = None
-    for est, combo, dp in chosen.values():
-        specs = [replace(p.sections[n], dp=dp[n], micro_batch_size=combo[n].mbs) for n in p.order]
+    for groups, units, est, combo, dp in chosen.values():
+        mem = {n: (x, o.tp, u) for u, o in combo.items() for n, x in _members(units[u], o).items()}
+        mbs = {n: x.mbs for n, (x, _, _) in mem.items()}
+        mixed = 1 < len(units) < len(p.order)
+        if mixed:  # group micro-batches of the smallest member size cap the others
+            for u in units.values():
+                cap = min(mbs[n] for n in u.members)
+                mbs.update({n: min(mbs[n], cap) for n in u.members})
         cm = p.model(
-            {n: o.tp for n, o in combo.items()}, {n: o.recompute for n, o in combo.items()}
+            {n: t for n, (_, t, _) in mem.items()}, {n: x.recompute for n, (x, _, _) in mem.items()}
         )
-        step, bound = _simulate(p, specs, cm, monolithic=False)
-        if best is None or step < best.step_time:
+        specs_real = [p.sections[n] for n in p.order]
+        gdp = {units[u].members: d for u, d in dp.items()}
+        specs = merged_specs(specs_real, groups, gdp, mbs, "min" if mixed else "max")
+        if len(units) < len(p.order):
+            cm = GroupedCostModel(cm, specs_real, groups, mbs)
+            smp = merged_samples(p.samples, groups)
+        else:
+            smp = None
+        if len(units) == 1 and len(p.order) > 1:
+            # everything colocated: the monolithic layout with per-section micro-batches, on
+            # the same length-balanced shards as the baseline
+            (u,) = units.values()
+            step, bound, first = _simulate(
+                p, specs, cm, True, specs[0].micro_batch_size, smp, [(u.name, u.frozen)]
+            )
+        else:
+            step, bound, first = _simulate(p, specs, cm, monolithic=False, samples=smp)
+        used = sum(dp[u] * o.tp for u, o in combo.items())
+        if best is None or _better(used, step, best, opts.objective):
+            secs = {}
+            for n in p.order:
+                x, t, u = mem[n]
+                g = u if len(units[u].members) > 1 else ""
+                memory = combo[u].memory
+                secs[n] = SectionPlan(dp[u], t, mbs[n], x.recompute, memory, g)
             best = Plan(
-                sections={
-                    n: SectionPlan(dp[n], o.tp, o.mbs, o.recompute, o.memory)
-                    for n, o in combo.items()
-                },
+                sections=secs,
                 monolithic=False,
-                gpus=sum(dp[n] * o.tp for n, o in combo.items()),
+                gpus=sum(dp[u] * o.tp for u, o in combo.items()),
                 num_samples=len(p.samples),
                 step_time=step,
                 estimate=est,
                 busy_bound=bound,
+                first_step=first,
             )
+    simulated = len(chosen)
+    if mono is not None:
+        num_ranked += mono.candidates
+        simulated += mono.simulated
+        if best is None or _better(mono.gpus, mono.step_time, best, opts.objective):
+            best = mono
     best.candidates = num_ranked
-    best.simulated = len(chosen)
+    best.simulated = simulated
     return best
 
 
-def _tied_combos(p: _Problem, per: dict[str, list[_Option]], ab: Ablation):
-    """Combinations where the tied knob (mbs and/or tp) is equal across sections."""
+def _better(gpus: int, step: float, best: Plan, objective: str) -> bool:
+    """Better than ``best`` by ``objective``: fewer GPU-seconds per step (GPU-hours per
+    sample) or a faster step; on a tie (within 1e-9), the faster step, then fewer GPUs."""
+    if objective == "step_time":
+        if abs(step - best.step_time) > 1e-9 * best.step_time:
+            return step < best.step_time
+        return gpus < best.gpus
+    cost, ref = gpus * step, best.gpus * best.step_time
+    if abs(cost - ref) > 1e-9 * ref:
+        return cost < ref
+    return step < best.step_time
+
+
+def _tied_combos(p: _Problem, units: dict[str, _Unit], opts_of: dict[str, list], ab: Ablation):
+    """Combinations where the tied knob (mbs and/or tp) is equal across all sections."""
+
+    def knobs(u, o):
+        mem = _members(units[u], o)
+        return {x.mbs for x in mem.values()}, o.tp
+
     keys = set()
-    for os_ in per.values():
-        keys |= {(o.mbs if ab.same_mbs else None, o.tp if ab.same_tp else None) for o in os_}
+    for u, os_ in opts_of.items():
+        for o in os_:
+            ms, t = knobs(u, o)
+            if len(ms) == 1 or not ab.same_mbs:
+                keys.add((next(iter(ms)) if ab.same_mbs else None, t if ab.same_tp else None))
     combos = []
     for m, t in keys:
         pick = {}
-        for n, os_ in per.items():
-            match = [o for o in os_ if (m is None or o.mbs == m) and (t is None or o.tp == t)]
+        for u, os_ in opts_of.items():
+            match = [
+                o for o in os_ if (m is None or knobs(u, o)[0] == {m}) and (t is None or o.tp == t)
+            ]
             if not match:
                 break
-            pick[n] = sorted(match, key=lambda o: o.work * o.tp)[: p.opts.keep_per_section]
+            pick[u] = sorted(match, key=lambda o: o.work * o.tp)[: p.opts.keep_per_section]
         else:
-            combos.extend(dict(zip(p.order, c)) for c in itertools.product(*pick.values()))
+            combos.extend(dict(zip(units, c)) for c in itertools.product(*pick.values()))
     return combos
 
 
@@ -527,11 +823,14 @@ def plan_monolithic(
 ) -> Plan:
     """The best one-size-fits-all layout: every replica holds the whole model.
 
-    One (tp, mbs, recompute) for all sections, ``dp = gpus // tp`` replicas; the memory check
-    sums every section's weights, optimizer state and one micro-batch's activations of the
-    trainable sections. Candidates are ranked by the analytical estimate (whole-model work /
-    dp plus every trainable section's all-reduce) and the best ``simulate_top`` are replayed
-    with the colocated schedule, as in ``plan_maestro``.
+    One (tp, mbs, recompute) for all sections and ``dp`` replicas (as ``plan_maestro``
+    allocates: the fewest that fit, then more while the estimate improves, at most
+    ``gpus // tp``); the memory check
+    sums every section's weights, optimizer state (ZeRO-1-sharded over the ``dp`` replicas
+    when ``options.zero1``) and one micro-batch's activations. Candidates are ranked by the
+    analytical estimate (whole-model work / dp plus every trainable section's all-reduce)
+    and the best ``simulate_top`` are replayed with the colocated schedule, as in
+    ``plan_maestro``.
     """
     opts = options or SearchOptions()
     p = _Problem(samples, sections, cost_model, gpus, opts)
@@ -543,33 +842,47 @@ def plan_monolithic(
     for tp, mbs, rc in itertools.product(p.tps, mbs_all, p.recomputes):
         if rc and not any_trainable:
             continue
-        dp = gpus // tp
-        if dp < 1:
+        if gpus // tp < 1:
             continue
         tps = {n: tp for n in p.order}
         rcs = {n: rc and not p.sections[n].frozen for n in p.order}
         cm = p.model(tps, rcs)
-        mem, work, longest = 0.0, 0.0, 0.0
+        mem_full, shard, work, longest = 0.0, 0.0, 0.0, 0.0
         for n in p.order:
             sec = replace(p.sections[n], micro_batch_size=mbs, token_budget=budget)
             trainable = not sec.frozen
             if hasattr(cm, "memory_bytes") and p.costs[n]:
-                mem += cm.memory_bytes(n, _worst_features(p.costs[n], sec, mbs), trainable)
+                mem_full += cm.memory_bytes(n, _worst_features(p.costs[n], sec, mbs), trainable)
+                shard += _shard_bytes(p, n, tp)
             w, lg, _, _ = _data_order_work(cm, sec, p.costs[n], trainable)
             work += w
             longest += lg
-        if p.memory_limit is not None and mem > p.memory_limit:
+
+        # replicas as in plan_maestro's allocation: the fewest that fit (ZeRO-1 shrinks the
+        # optimizer state with more), then more while the estimated step shortens
+        top = gpus // tp
+        dp = 1
+        while (
+            dp < top
+            and p.memory_limit is not None
+            and mem_full - shard * (1 - 1 / dp) > (p.memory_limit)
+        ):
+            dp += 1
+        if p.memory_limit is not None and mem_full - shard * (1 - 1 / dp) > p.memory_limit:
             continue
-        same = dp * tp <= p.gpus_per_node
-        est = max(work / dp, longest) + sum(
-            cm.allreduce_time(n, dp, same) for n in p.order if not p.sections[n].frozen
-        )
+        est = _mono_estimate(p, cm, tp, work, longest, dp)
+        while dp < top and (nxt := _mono_estimate(p, cm, tp, work, longest, dp + 1)) < est:
+            dp, est = dp + 1, nxt
+        mem = mem_full - shard * (1 - 1 / dp)
         cands.append((est, tp, mbs, rc, dp, mem, cm))
     if not cands:
         raise ValueError(
             f"no monolithic layout fits {_gb(p.memory_limit)} per device within {gpus} GPUs"
         )
-    cands.sort(key=lambda c: c[0])
+    if opts.objective == "gpu_hours":
+        cands.sort(key=lambda c: c[0] * c[4] * c[1])  # estimated GPU-seconds per step
+    else:
+        cands.sort(key=lambda c: c[0])
     best = None
     # as many simulations as plan_maestro's three families may use
     for est, tp, mbs, rc, dp, mem, cm in cands[: 3 * opts.simulate_top]:
@@ -577,8 +890,8 @@ def plan_monolithic(
             replace(p.sections[n], dp=dp, micro_batch_size=mbs, token_budget=budget)
             for n in p.order
         ]
-        step, bound = _simulate(p, specs, cm, monolithic=True, mbs=mbs)
-        if best is None or step < best.step_time:
+        step, bound, first = _simulate(p, specs, cm, monolithic=True, mbs=mbs)
+        if best is None or _better(dp * tp, step, best, opts.objective):
             best = Plan(
                 sections={
                     n: SectionPlan(dp, tp, mbs, rc and not p.sections[n].frozen, mem)
@@ -590,10 +903,18 @@ def plan_monolithic(
                 step_time=step,
                 estimate=est,
                 busy_bound=bound,
+                first_step=first,
             )
     best.candidates = len(cands)
     best.simulated = min(3 * opts.simulate_top, len(cands))
     return best
+
+
+def _mono_estimate(p: _Problem, cm, tp: int, work: float, longest: float, dp: int) -> float:
+    same = dp * tp <= p.gpus_per_node
+    return max(work / dp, longest) + sum(
+        cm.allreduce_time(n, dp, same) for n in p.order if not p.sections[n].frozen
+    )
 
 
 def gpus_to_match(
@@ -620,7 +941,7 @@ def gpus_to_match(
     top = plan(max_gpus)
     if top is None or top.samples_per_s < target_samples_per_s:
         return None
-    lo, hi, best = len(sections) - 1, top.gpus, top
+    lo, hi, best = 0, top.gpus, top
     while hi - lo > 1:
         mid = (lo + hi) // 2
         got = plan(mid)
