@@ -1,4 +1,4 @@
-"""``maestro profile``: time each section of a run config on this machine (minimal profiler)."""
+"""``maestro profile``: time and memory of each section of a run config on this machine."""
 
 from __future__ import annotations
 
@@ -8,11 +8,16 @@ import argparse
 def register(sub) -> None:
     p = sub.add_parser(
         "profile",
-        help="measure each section's forward and forward+backward time; write a JSON profile",
+        help="measure each section's time and memory vs micro-batch size and sequence length",
     )
     p.add_argument("config", metavar="CONFIG", help="run config TOML")
     p.add_argument("--out", default="profile.json", help="output JSON (default profile.json)")
     p.add_argument("--sizes", default="1,2,4,8", help="micro-batch sizes to time")
+    p.add_argument(
+        "--seq-lens",
+        default=None,
+        help="also time every size at these text lengths, e.g. 32,64,128 (samples truncated)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timings per micro-batch (fastest kept)")
     p.add_argument(
         "--threads",
@@ -36,18 +41,36 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--sizes must be comma-separated integers, got {args.sizes!r}") from None
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    seq_lens = None
+    if args.seq_lens is not None:
+        try:
+            seq_lens = [int(x) for x in args.seq_lens.split(",")]
+        except ValueError:
+            raise ValueError(
+                f"--seq-lens must be comma-separated integers, got {args.seq_lens!r}"
+            ) from None
     cfg = load(args.config)
-    prof = profile_config(cfg, sizes=sizes, repeats=args.repeats, threads=args.threads)
+    prof = profile_config(
+        cfg, sizes=sizes, repeats=args.repeats, threads=args.threads, seq_lens=seq_lens
+    )
     with open(args.out, "w") as f:
         json.dump(prof, f, indent=1)
     cm = MeasuredCostModel.from_profile(prof)
-    print(f"{'section':<12}{'rows':>5}{'fwd ms/sample':>15}{'fwd+bwd ms/sample':>19}")
+    print(
+        f"{'section':<12}{'rows':>5}{'fwd ms/sample':>15}{'fwd+bwd ms/sample':>19}"
+        f"{'act KB/token':>14}{'peak MB':>9}"
+    )
     for name, rec in prof["sections"].items():
         rows = rec["rows"]
         n = sum(r["features"]["samples"] for r in rows)
         f = sum(r["forward_s"] for r in rows) / n * 1e3
         fb = [r["forward_backward_s"] for r in rows if r.get("forward_backward_s") is not None]
         fbs = f"{sum(fb) / n * 1e3:.2f}" if fb else "-"
-        print(f"{name:<12}{len(rows):>5}{f:>15.2f}{fbs:>19}")
+        tok = sum(r["features"].get("tokens", 0.0) for r in rows)
+        act = sum(r.get("activation_bytes", 0) for r in rows)
+        acts = f"{act / tok / 1e3:.1f}" if tok and act else "-"
+        peak = max((r.get("peak_bytes", 0) for r in rows), default=0) / 1e6
+        print(f"{name:<12}{len(rows):>5}{f:>15.2f}{fbs:>19}{acts:>14}{peak:>9.1f}")
+    print(f"peak memory: {prof.get('peak_method', 'accounting')}")
     print(f"wrote {args.out} ({len(cm.forward)} sections fitted)")
     return 0
