@@ -5,15 +5,17 @@ Two parts (``--part sim,validate``; both by default):
 - ``sim``: the paper-like scenarios (``examples/paper_kd.toml``: 7B student, 35B frozen
   teacher; ``examples/paper_mllm.toml``: 630M ViT + 300M audio + 7B LLM, 40% text-only) on
   analytical H100s at 64, 256 and 1,024 GPUs (8 samples per GPU per step). For each: Maestro's
-  plan and the best monolithic plan under the same search (the monolithic baseline with a
-  length-balanced sampler, and with data-order shards as the simulator's stock baseline),
-  GPU-hours per million samples, the saving, and the GPUs Maestro needs to match the
-  monolithic throughput. Then the breakdown at 256 GPUs by ablation (one per-section
+  plan (sections on their own devices, colocated groups, or the monolithic layouts, scored by
+  steady-state step time) and the best monolithic plan under the same search (the monolithic
+  baseline with a length-balanced sampler, and with data-order shards as the simulator's
+  stock baseline), GPU-hours per million samples, the saving, and the GPUs Maestro needs to
+  match the monolithic throughput. Then the breakdown at 256 GPUs by ablation (one per-section
   freedom switched off at a time) and a text-only sweep; writes ``--plot`` (PNG).
 - ``validate``: on this machine, for each 2-rank example config (``examples/kd.toml``,
-  ``examples/mllm.toml``): profile the sections, plan 2 ranks, run the planned config and the
-  hand-written one for real (``maestro.runtime.launch``), and print predicted vs measured
-  step time.
+  ``examples/mllm.toml``): profile the sections, plan 2 ranks (layouts the runtime runs:
+  disjoint sections or the whole model per rank; fastest step), run the planned config, the
+  hand-written one and the hand-written monolithic one for real (``maestro.runtime.launch``),
+  and print predicted (steady-state replay) vs measured step time.
 
 Run: ``.venv/bin/python bench/maestro_plan.py [--part sim] [--gpus 64,256,1024]``.
 """
@@ -35,12 +37,14 @@ def sim_part(gpu_list: list[int], plot: str, text_only: list[float]) -> None:
 
     print("== planner on analytical H100s (GPU-h per million samples; saving vs monolithic)")
     print(
-        "mono: balanced-sampler monolithic; mono(d-o): data-order shards; overlap: saving vs "
-        "mono if fill/drain overlapped across steps; match: GPUs Maestro needs for mono's rate"
+        "steady-state steps (4 replayed; a frozen section runs one step ahead, as the runtime); "
+        "mono: balanced-sampler monolithic; mono(d-o): data-order shards; 1st: saving on one "
+        "step from idle; bound: saving if all fill/drain overlapped; match: GPUs Maestro needs "
+        "for mono's rate"
     )
     print(
         f"{'scenario':<11}{'gpus':>5}{'maestro':>9}{'mono':>8}{'saving':>8}{'mono(d-o)':>10}"
-        f"{'saving':>8}{'overlap':>8}{'match':>7}{'time s':>8}  layouts"
+        f"{'saving':>8}{'1st':>7}{'bound':>7}{'match':>7}{'time s':>8}  layouts"
     )
     sizes: dict[str, list[tuple[int, float, float]]] = {}
     for fname in ("paper_kd.toml", "paper_mllm.toml"):
@@ -57,12 +61,15 @@ def sim_part(gpu_list: list[int], plot: str, text_only: list[float]) -> None:
                 SearchOptions(balance_monolithic=False),
             )
             raw_saving = 1 - c.maestro.gpu_hours_per_million / raw.gpu_hours_per_million
+            first = 1 - (c.maestro.gpus * c.maestro.first_step) / (
+                c.monolithic.gpus * c.monolithic.first_step
+            )
             match = c.match.gpus if c.match is not None else "-"
             print(
                 f"{spec.name:<11}{g:>5}{c.maestro.gpu_hours_per_million:>9.2f}"
                 f"{c.monolithic.gpu_hours_per_million:>8.2f}{100 * c.saving:>7.1f}%"
                 f"{raw.gpu_hours_per_million:>10.2f}{100 * raw_saving:>7.1f}%"
-                f"{100 * c.saving_bound:>7.1f}%{match:>7}"
+                f"{100 * first:>6.1f}%{100 * c.saving_bound:>6.1f}%{match:>7}"
                 f"{time.perf_counter() - t:>8.1f}  {c.maestro.describe()} | "
                 f"{c.monolithic.describe().removeprefix('monolithic: ').split(',')[0]}",
                 flush=True,
@@ -127,46 +134,67 @@ def _plot(sizes, sweep, path: str) -> None:
 def validate_part(steps: int, repeats: int) -> None:
     from maestro.config import load
     from maestro.costmodel import MeasuredCostModel
-    from maestro.plan import plan_maestro
+    from maestro.plan import SearchOptions, plan_maestro
+    from maestro.plan.steady import steady_state
     from maestro.runtime.launch import RunOptions, launch
-    from maestro.schedule import get_scheduler
-    from maestro.sim import simulate
+    from maestro.schedule import get_scheduler, monolithic_schedule
     from maestro.sim.profile import profile_config
     from maestro.workloads import get_workload
 
-    print("\n== this machine, 2 ranks: planned layout vs the hand-written example (s/step)")
-    print(f"{'config':<10}{'layout':<50}{'predicted':>10}{'measured':>10}{'error':>8}")
+    print("\n== this machine, 2 ranks: planned layout vs the hand-written layouts (s/step)")
+    print(f"{'config':<10}{'layout':<58}{'predicted':>10}{'measured':>10}{'error':>8}")
     for fname in ("kd.toml", "mllm.toml"):
         cfg = load(EXAMPLES / fname)
         cfg.steps = steps
         cm = MeasuredCostModel.from_profile(profile_config(cfg, repeats=2))
         wl = get_workload(cfg)
         samples = wl.sample_infos(wl.batch(0), wl.graph(build=[]))
-        plan = plan_maestro(samples, cfg.section_specs(), cm, 2)
+        # what the runtime can run on 2 processes, fastest step
+        opts = SearchOptions(colocate=False, objective="step_time")
+        plan = plan_maestro(samples, cfg.section_specs(), cm, 2, opts)
         planned = load(EXAMPLES / fname)
         planned.steps = steps
-        planned.scheduler = "wavefront"
-        for n, sp in plan.sections.items():
-            planned.sections[n].dp = sp.dp
-            planned.sections[n].micro_batch_size = sp.micro_batch_size
-        layouts = (("planned", planned), ("hand-written", cfg))
+        if plan.monolithic:
+            planned.monolithic_micro_batch_size = next(
+                iter(plan.sections.values())
+            ).micro_batch_size
+        else:
+            planned.scheduler = "wavefront"
+            for n, sp in plan.sections.items():
+                planned.sections[n].dp = sp.dp
+                planned.sections[n].micro_batch_size = sp.micro_batch_size
+        layouts = (
+            ("planned", planned, plan.monolithic),
+            ("hand-written", cfg, False),
+            ("hand-written monolithic", cfg, True),
+        )
         best: dict[str, float] = {}
         # interleaved repeats: load from other processes drifts, and only ever adds time
         for _ in range(repeats):
-            for label, c in layouts:
-                res = launch(c, c.world_size, RunOptions(progress=False, device="cpu"))
+            for label, c, mono in layouts:
+                res = launch(c, 2, RunOptions(progress=False, device="cpu", monolithic=mono))
                 t = res["elapsed_s"] / res["measured_steps"]
                 best[label] = min(best.get(label, t), t)
-        for label, c in layouts:
+        for label, c, mono in layouts:
             specs = c.section_specs()
-            sched = get_scheduler(c.scheduler)(samples, specs, cm)
-            pred = simulate(sched, samples, specs, cm).step_time
-            lay = (
-                ", ".join(f"{n} mbs={s.micro_batch_size}" for n, s in c.sections.items())
-                + f" {c.scheduler}"
-            )
+            if mono:
+                sched = monolithic_schedule(
+                    samples, specs, cm, world_size=2, micro_batch_size=c.monolithic_micro_batch_size
+                )
+            else:
+                sched = get_scheduler(c.scheduler)(samples, specs, cm)
+            pred = steady_state(sched, samples, specs, cm).period
+            if mono:
+                lay = f"monolithic mbs={c.monolithic_micro_batch_size}"
+            else:
+                lay = (
+                    ", ".join(
+                        f"{n} dp={s.dp} mbs={s.micro_batch_size}" for n, s in c.sections.items()
+                    )
+                    + f" {c.scheduler}"
+                )
             print(
-                f"{fname:<10}{label + ': ' + lay:<50}{pred:>10.3f}{best[label]:>10.3f}"
+                f"{fname:<10}{label + ': ' + lay:<58}{pred:>10.3f}{best[label]:>10.3f}"
                 f"{100 * (pred - best[label]) / best[label]:>+7.1f}%",
                 flush=True,
             )
