@@ -823,9 +823,9 @@ def plan_monolithic(
 ) -> Plan:
     """The best one-size-fits-all layout: every replica holds the whole model.
 
-    One (tp, mbs, recompute) for all sections and ``dp`` replicas (as ``plan_maestro``
-    allocates: the fewest that fit, then more while the estimate improves, at most
-    ``gpus // tp``); the memory check
+    One (tp, mbs, recompute) for all sections; ``dp = gpus // tp`` replicas, and also as
+    ``plan_maestro`` allocates (the fewest that fit, then more while the estimate improves)
+    when that is fewer; the memory check
     sums every section's weights, optimizer state (ZeRO-1-sharded over the ``dp`` replicas
     when ``options.zero1``) and one micro-batch's activations. Candidates are ranked by the
     analytical estimate (whole-model work / dp plus every trainable section's all-reduce)
@@ -858,8 +858,9 @@ def plan_monolithic(
             work += w
             longest += lg
 
-        # replicas as in plan_maestro's allocation: the fewest that fit (ZeRO-1 shrinks the
-        # optimizer state with more), then more while the estimated step shortens
+        # replicas: every GPU of the budget, and as plan_maestro allocates (the fewest that
+        # fit, ZeRO-1 shrinking the optimizer state with more, then more while the estimate
+        # shortens; it stops early when the longest micro-batch bounds the estimate)
         top = gpus // tp
         dp = 1
         while (
@@ -873,8 +874,9 @@ def plan_monolithic(
         est = _mono_estimate(p, cm, tp, work, longest, dp)
         while dp < top and (nxt := _mono_estimate(p, cm, tp, work, longest, dp + 1)) < est:
             dp, est = dp + 1, nxt
-        mem = mem_full - shard * (1 - 1 / dp)
-        cands.append((est, tp, mbs, rc, dp, mem, cm))
+        for d in sorted({dp, top}):
+            mem = mem_full - shard * (1 - 1 / d)
+            cands.append((_mono_estimate(p, cm, tp, work, longest, d), tp, mbs, rc, d, mem, cm))
     if not cands:
         raise ValueError(
             f"no monolithic layout fits {_gb(p.memory_limit)} per device within {gpus} GPUs"
@@ -883,9 +885,20 @@ def plan_monolithic(
         cands.sort(key=lambda c: c[0] * c[4] * c[1])  # estimated GPU-seconds per step
     else:
         cands.sort(key=lambda c: c[0])
+    # as many simulations as plan_maestro's three families may use: the best layout of every
+    # tp first (so no tp goes unsimulated), then the ranking; layouts whose estimate equals
+    # one already picked (micro-batches beyond the token budget) only once
+    first_of_tp: dict[int, tuple] = {}
+    for c in cands:
+        first_of_tp.setdefault(c[1], c)
+    picked, seen = [], set()
+    for c in [*first_of_tp.values(), *cands]:
+        key = (c[1], c[3], c[4], round(c[0], 9))
+        if key not in seen and len(picked) < 3 * opts.simulate_top:
+            seen.add(key)
+            picked.append(c)
     best = None
-    # as many simulations as plan_maestro's three families may use
-    for est, tp, mbs, rc, dp, mem, cm in cands[: 3 * opts.simulate_top]:
+    for est, tp, mbs, rc, dp, mem, cm in picked:
         specs = [
             replace(p.sections[n], dp=dp, micro_batch_size=mbs, token_budget=budget)
             for n in p.order
@@ -906,7 +919,7 @@ def plan_monolithic(
                 first_step=first,
             )
     best.candidates = len(cands)
-    best.simulated = min(3 * opts.simulate_top, len(cands))
+    best.simulated = len(picked)
     return best
 
 
