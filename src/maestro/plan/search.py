@@ -945,9 +945,12 @@ def gpus_to_match(
     when even ``max_gpus`` falls short.
     """
 
+    # the fastest plan at each budget (the GPU-hours objective may leave GPUs unused)
+    fastest = replace(options or SearchOptions(), objective="step_time")
+
     def plan(n: int) -> Plan | None:
         try:
-            return plan_maestro(samples, sections, cost_model, n, options)
+            return plan_maestro(samples, sections, cost_model, n, fastest)
         except ValueError:
             return None
 
