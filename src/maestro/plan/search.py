@@ -885,17 +885,13 @@ def plan_monolithic(
         cands.sort(key=lambda c: c[0] * c[4] * c[1])  # estimated GPU-seconds per step
     else:
         cands.sort(key=lambda c: c[0])
-    # as many simulations as plan_maestro's three families may use: the best layout of every
-    # tp first (so no tp goes unsimulated), then the ranking; layouts whose estimate equals
-    # one already picked (micro-batches beyond the token budget) only once
-    first_of_tp: dict[int, tuple] = {}
+    # as many simulations as plan_maestro's three families may use, plus the best-ranked
+    # layout of every tp not among them (so no tp goes unsimulated)
+    picked = cands[: 3 * opts.simulate_top]
+    tps_in = {c[1] for c in picked}
     for c in cands:
-        first_of_tp.setdefault(c[1], c)
-    picked, seen = [], set()
-    for c in [*first_of_tp.values(), *cands]:
-        key = (c[1], c[3], c[4], round(c[0], 9))
-        if key not in seen and len(picked) < 3 * opts.simulate_top:
-            seen.add(key)
+        if c[1] not in tps_in:
+            tps_in.add(c[1])
             picked.append(c)
     best = None
     for est, tp, mbs, rc, dp, mem, cm in picked:
