@@ -106,3 +106,33 @@ def test_unknown_output_rejected():
 def test_bad_serve_config(kwargs):
     with pytest.raises(ValueError, match="serve config"):
         ServeConfig(**kwargs)
+
+
+def test_standing_queue_refuses_new_requests_once_service_is_timed():
+    b = DynamicBatcher(ServeConfig(slo_ms=100), node_count=10)
+    old = b.submit([1])
+    old.arrival -= 0.5  # the oldest request has queued 500 ms
+    b.submit([2])  # no service estimate yet: nothing is shed
+    b.observe_service(0.02)
+    assert b.max_queue_s() == pytest.approx(0.08)
+    with pytest.raises(Overloaded, match="wait"):
+        b.submit([3])
+    assert b.depth() == 2  # the refused request was not queued
+    assert b.too_late(old, time.perf_counter())
+
+
+def test_service_slower_than_slo_still_serves():
+    # the bound never drops below one service time: a slow server answers late, not never
+    b = DynamicBatcher(ServeConfig(slo_ms=10), node_count=10)
+    b.observe_service(0.05)
+    assert b.max_queue_s() == pytest.approx(0.05)
+    req = b.submit([1])
+    assert not b.too_late(req, req.arrival + 0.04) and b.too_late(req, req.arrival + 0.06)
+
+
+def test_shedding_off_keeps_count_bound_only():
+    b = DynamicBatcher(ServeConfig(slo_ms=1, shed_late=False), node_count=10)
+    b.observe_service(0.05)
+    b.submit([1]).arrival -= 10.0
+    b.submit([2])  # admitted: only queue_capacity bounds admission
+    assert b.depth() == 2

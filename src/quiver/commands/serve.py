@@ -11,6 +11,12 @@ def add_serve_options(p) -> None:
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="batch wait (2 ms)")
     p.add_argument("--slo-ms", type=float, default=30.0, help="request deadline (30 ms)")
     p.add_argument("--queue", type=int, default=1024, help="admission queue capacity (1024)")
+    p.add_argument(
+        "--no-shed",
+        dest="shed_late",
+        action="store_false",
+        help="do not shed requests that queueing makes miss --slo-ms (429); count bound only",
+    )
     p.add_argument("--max-request-nodes", type=int, default=1024, help="ids per request (1024)")
     p.add_argument("--sampler-workers", type=int, default=2, help="sampling threads (2)")
     p.add_argument(
@@ -33,6 +39,7 @@ def serve_config(args):
         max_wait_ms=args.max_wait_ms,
         slo_ms=args.slo_ms,
         num_sampler_workers=args.sampler_workers,
+        shed_late=args.shed_late,
     )
 
 

@@ -101,6 +101,8 @@ def create_app(engine: Engine) -> FastAPI:
             return _error(503, str(e))
         try:
             res = await asyncio.wrap_future(fut)
+        except Overloaded as e:  # shed after queueing too long to meet its deadline
+            return _error(429, str(e))
         except Exception as e:  # a failed batch: answered, never dropped
             return _error(500, f"prediction failed: {type(e).__name__}: {e}")
         return {

@@ -7,6 +7,7 @@ A batch closes when its seed count reaches ``max_batch_nodes``, its summed PSGS 
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections import deque
@@ -19,7 +20,7 @@ from quiver.serving.config import OUTPUTS, ServeConfig
 
 
 class Overloaded(RuntimeError):
-    """The admission queue is full: the caller should retry later (HTTP 429)."""
+    """The server cannot answer in time (queue full or too long a wait): retry later (HTTP 429)."""
 
 
 class ShuttingDown(RuntimeError):
@@ -101,6 +102,30 @@ class DynamicBatcher:
         self._queue: deque[Request] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._service: deque[float] = deque(maxlen=32)  # recent pick-up-to-answer seconds
+        self.service_s = 0.0  # their median (robust to a warm-up or GC outlier); 0: none yet
+
+    def observe_service(self, seconds: float) -> None:
+        """Record one batch's pick-up-to-answer time; ``service_s`` is the median of the last 32."""
+        self._service.append(float(seconds))
+        self.service_s = statistics.median(self._service)
+
+    def max_queue_s(self) -> float:
+        """Longest queue wait that still leaves time for service before the deadline.
+
+        ``max(slo - service, service)`` with ``service`` the recent median: the second term
+        keeps a server whose service time alone exceeds the SLO serving (late) rather than
+        shedding everything.
+        """
+        slo = self.cfg.slo_ms / 1e3
+        return max(slo - self.service_s, self.service_s)
+
+    def too_late(self, req: Request, now: float) -> bool:
+        """Whether ``req`` has queued too long to be answered in time (when shedding is on)."""
+        # no shedding before the first batch is timed: the bound needs a service estimate
+        if not self.cfg.shed_late or self.service_s == 0.0:
+            return False
+        return now - req.arrival > self.max_queue_s()
 
     def submit(self, nodes, output: str = "class") -> Request:
         """Validate and enqueue; raises ``ValueError``, ``Overloaded`` or ``ShuttingDown``."""
@@ -116,6 +141,14 @@ class DynamicBatcher:
                 raise ShuttingDown("server is shutting down")
             if len(self._queue) >= self.cfg.queue_capacity:
                 raise Overloaded(f"queue full ({self.cfg.queue_capacity} requests); retry later")
+            if self._queue and self.too_late(self._queue[0], now):
+                # a standing queue: the oldest request already waited past the bound, so a new
+                # one would too; refusing now is faster for the client than shedding it later
+                waited = (now - self._queue[0].arrival) * 1e3
+                raise Overloaded(
+                    f"overloaded: queued requests wait {waited:.0f} ms, past the "
+                    f"{self.cfg.slo_ms:g} ms deadline budget; retry later"
+                )
             self._queue.append(req)
             self._cond.notify()
         return req

@@ -27,6 +27,13 @@ class ServeConfig:
         pipeline_depth: batches allowed to wait between stages (default 2); bounds memory.
         torch_threads: intra-op threads for the model forward (default 1, leaving cores to the
             sampler threads).
+        shed_late: reject (HTTP 429) requests that queueing alone would make miss their deadline
+            (default True): a new request is refused at once while the oldest queued one has
+            waited longer than ``max(slo - service, service)`` (``service``: median time from a
+            batch's pick-up to its answer over the last 32 batches), and a request that waited
+            that long when its batch is picked up is answered with 429 instead of being run. A
+            count-bounded queue alone absorbs overload as latency; this sheds it instead, so
+            admitted requests keep the SLO. False: only ``queue_capacity`` bounds admission.
     """
 
     max_request_nodes: int = 1024
@@ -38,6 +45,7 @@ class ServeConfig:
     num_sampler_workers: int = 2
     pipeline_depth: int = 2
     torch_threads: int = 1
+    shed_late: bool = True
 
     def __post_init__(self):
         for name in (

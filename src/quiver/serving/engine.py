@@ -2,7 +2,8 @@
 
 Stages run in their own threads and overlap: while the model thread runs batch k, sampler
 workers already sample and gather batch k+1 (the numba sampler and torch release the GIL).
-Bounded queues between stages keep memory flat; a full admission queue rejects (HTTP 429).
+Bounded queues between stages keep memory flat; a full admission queue rejects (HTTP 429), and
+with ``shed_late`` so does a queue whose wait alone would break the deadline (see ServeConfig).
 Every request is answered: with its result (flagged ``late`` past its deadline) or an error.
 """
 
@@ -55,6 +56,9 @@ class _Sampled:
     x: torch.Tensor  # (len(n_id), F) gathered features
     adjs: list
     path: str
+    picked: float  # perf_counter() when a sampler worker took the batch
+    sampled: float = 0.0  # ... when sampling finished
+    gathered: float = 0.0  # ... when the feature gather finished
 
 
 class Engine:
@@ -120,6 +124,22 @@ class Engine:
         self._supervisor.start()
         self._started = True
         return self
+
+    def warmup(self, node: int = 0) -> None:
+        """Run one node through sampler, gather and model, outside the metrics.
+
+        Loads compiled kernels and touches the model's code paths so the first client request
+        does not pay for them (seconds with numba's cache load). A seeded sampler's stream
+        advances by one call.
+        """
+        if self.node_count == 0:
+            return
+        torch.set_num_threads(self.cfg.torch_threads)
+        n_id, _, adjs = self.sampler.sample(torch.tensor([int(node)], dtype=torch.int64))
+        x = self.features[n_id].to(self._device)
+        adjs = [(ei.to(self._device), eid, size) for ei, eid, size in adjs]
+        with torch.inference_mode():
+            self.model(x, adjs)
 
     def _spawn(self, name: str) -> None:
         loop = self._roles[name]
@@ -210,8 +230,12 @@ class Engine:
             if batch is _STOP:
                 self._model_q.put(_STOP)
                 return
+            picked = time.perf_counter()
+            batch = self._shed(batch, picked)
+            if batch is None:
+                continue
             try:
-                self._model_q.put(self._sample(batch))
+                self._model_q.put(self._sample(batch, picked))
             except Exception as e:  # one bad batch answers its requests with the error
                 log.exception("sampling failed for a batch of %d requests", len(batch.requests))
                 self._fail(batch, e)
@@ -219,7 +243,28 @@ class Engine:
                 self._fail(batch, RuntimeError(f"sampler thread died: {e!r}"))
                 raise
 
-    def _sample(self, batch: Batch) -> _Sampled:
+    def _shed(self, batch: Batch, now: float) -> Batch | None:
+        """Answer requests that queued too long with ``Overloaded``; the rest of the batch runs."""
+        flags = [self.batcher.too_late(r, now) for r in batch.requests]  # once: the bound moves
+        if not any(flags):
+            return batch
+        late = [r for r, f in zip(batch.requests, flags) if f]
+        for req in late:
+            self.metrics.rejected.labels("shed").inc()
+            waited = (now - req.arrival) * 1e3
+            req.future.set_exception(
+                Overloaded(
+                    f"overloaded: waited {waited:.0f} ms in the queue, too long to meet the "
+                    f"{self.cfg.slo_ms:g} ms deadline; retry later"
+                )
+            )
+        keep = [r for r, f in zip(batch.requests, flags) if not f]
+        if not keep:
+            return None
+        seeds = np.concatenate([r.nodes for r in keep])
+        return Batch(keep, seeds, sum(r.psgs for r in keep), batch.closed_by)
+
+    def _sample(self, batch: Batch, picked: float) -> _Sampled:
         unique, inverse = np.unique(batch.seeds, return_inverse=True)
         seeds = torch.from_numpy(unique)
         route = getattr(self.sampler, "route", None)
@@ -229,10 +274,11 @@ class Engine:
             path = path[0] if isinstance(path, tuple) else path
         n_id, batch_size, adjs = self.sampler.sample(seeds)
         assert batch_size == len(unique), "sampler must put the seeds first in n_id"
+        sampled = time.perf_counter()
         x = self.features[n_id]
         if self.record:
             self.recorded.append((seeds, n_id, adjs))
-        return _Sampled(batch, inverse, x, adjs, str(path))
+        return _Sampled(batch, inverse, x, adjs, str(path), picked, sampled, time.perf_counter())
 
     def _model_loop(self) -> None:
         while self._model_stops < self.cfg.num_sampler_workers:
@@ -253,6 +299,7 @@ class Engine:
         batch = s.batch
         want_emb = any(r.output == "embedding" for r in batch.requests)
         # the sampler, the feature store and the model may sit on different devices
+        started = time.perf_counter()
         x = s.x.to(self._device, non_blocking=True)
         adjs = [(ei.to(self._device, non_blocking=True), eid, size) for ei, eid, size in s.adjs]
         with torch.inference_mode():
@@ -265,6 +312,16 @@ class Engine:
         classes = logits_np.argmax(axis=1)
         emb_np = emb.float().cpu().numpy()[s.inverse] if emb is not None else None
         now = time.perf_counter()
+        self.batcher.observe_service(now - s.picked)
+        first = min(r.arrival for r in batch.requests)
+        for stage, dt in (
+            ("queue", s.picked - first),
+            ("sample", s.sampled - s.picked),
+            ("gather", s.gathered - s.sampled),
+            ("model_wait", started - s.gathered),
+            ("model", now - started),
+        ):
+            self.metrics.stage.labels(stage).observe(dt)
         self.metrics.batches.labels(s.path, batch.closed_by).inc()
         self.metrics.batch_nodes.observe(len(batch.seeds))
         start = 0

@@ -61,6 +61,13 @@ class EngineMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.stage = Histogram(
+            "quiver_stage_seconds",
+            "Per batch: queue (first arrival to pick-up), sample, gather, model_wait, model",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.batch_nodes = Histogram(
             "quiver_batch_seed_nodes", "Seed nodes per batch", buckets=BATCH_BUCKETS, registry=r
         )
@@ -69,7 +76,7 @@ class EngineMetrics:
         )
         self.rejected = Counter(
             "quiver_rejected_requests",
-            "Requests rejected at admission, by reason",
+            "Requests rejected (429/4xx/503) at admission or shed after queueing, by reason",
             ["reason"],
             registry=r,
         )

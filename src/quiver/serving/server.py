@@ -126,7 +126,8 @@ class Server:
         return cls(engine, info)
 
     def start(self, host: str = "127.0.0.1", port: int | None = None) -> Server:
-        """Start the engine; with ``port`` (0 = any free one) also serve HTTP."""
+        """Warm up, start the engine; with ``port`` (0 = any free one) also serve HTTP."""
+        self.engine.warmup()
         self.engine.start()
         if port is not None and self.http is None:
             from quiver.serving.app import create_app
