@@ -82,6 +82,7 @@ class LoadResult:
     p50_ms: float
     p95_ms: float
     p99_ms: float
+    reject_p99_ms: float = float("nan")  # how fast a 429 came back (scheduled send to answer)
 
 
 async def run_open_loop(
@@ -93,6 +94,7 @@ async def run_open_loop(
     rng = np.random.default_rng(seed + 1)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, size=len(requests)))
     latencies: list[float] = []
+    reject_ms: list[float] = []
     status_counts = {"ok": 0, "late": 0, "rejected": 0, "error": 0}
     answered_nodes = 0
     loop = asyncio.get_running_loop()
@@ -108,6 +110,8 @@ async def run_open_loop(
         if status in ("ok", "late"):
             latencies.append((loop.time() - (t0 + at)) * 1e3)
             answered_nodes += len(nodes)
+        elif status == "rejected":
+            reject_ms.append((loop.time() - (t0 + at)) * 1e3)
 
     await asyncio.gather(*(one(n, a) for n, a in zip(requests, arrivals)))
     duration = loop.time() - t0
@@ -126,6 +130,7 @@ async def run_open_loop(
         p50_ms=float(np.percentile(lat, 50)),
         p95_ms=float(np.percentile(lat, 95)),
         p99_ms=float(np.percentile(lat, 99)),
+        reject_p99_ms=float(np.percentile(reject_ms, 99)) if reject_ms else float("nan"),
     )
 
 
