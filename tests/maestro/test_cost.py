@@ -61,8 +61,8 @@ def test_h200_bandwidth_helps_memory_bound_passes_only():
     huge = micro_batch_features([{"tokens": 8192}] * 4)
     assert h200.forward_time("s", tiny) < h100.forward_time("s", tiny)
     assert h200.forward_time("s", huge) == pytest.approx(h100.forward_time("s", huge))
-    with pytest.raises(ValueError, match="H100, H200"):
-        preset("A100")
+    with pytest.raises(ValueError, match="H100, H200, A100"):
+        preset("V100")
 
 
 def test_links_and_allreduce():
