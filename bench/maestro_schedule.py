@@ -8,10 +8,13 @@ Three parts (``--part sim,real,validate``; all by default), each printing ratios
   simulation at 1,024 GPUs x 8,192 samples.
 - ``real``: ``examples/mllm.toml`` on 2 processes (one per core, one thread each) with 20/40/60%
   text-only: samples/s of ``--scheduler fifo``, ``wavefront`` and ``--monolithic`` (best of
-  micro-batch sizes 4 and 8). Step times come from the runtime's trace; each step counts its
-  fastest of ``--repeats`` interleaved runs (other processes on a shared machine only add time).
+  micro-batch sizes 4 and 8). Step times come from the runtime's trace; ``--repeats`` runs of
+  every mode, interleaved; the median and range of the runs' samples/s, and of the
+  per-repeat wavefront/fifo ratio (``--mixes`` picks the text-only shares).
 - ``validate``: for KD, MLLM (40% text-only) and MLLM with audio, the step time the simulator
-  predicts from a profile measured here (``maestro.sim.profile``) against the measured one.
+  predicts against the measured one. The profile is fitted from traced real runs on other
+  batches (seeds 1000 and 1001, ``maestro.sim.calibrate``); the prediction replays the
+  measured steps' schedules back to back (``maestro.sim.replay``) with the runtime's rules.
 
 Run: ``.venv/bin/python bench/maestro_schedule.py [--part sim] [--steps 8] [--repeats 2]``.
 """
@@ -122,28 +125,32 @@ def _run(cfg, monolithic: bool = False) -> list[float]:
         return _step_times(trace)[1:]
 
 
-def _best(runs: list[list[float]]) -> float:
-    """Mean over steps of each step's fastest time across repeats: other processes on this
-    shared machine only ever add time, so the minimum is the best estimate of a quiet run."""
-    return sum(min(r[k] for r in runs) for k in range(len(runs[0]))) / len(runs[0])
+def real_part(steps: int, repeats: int, mixes=(0.2, 0.4, 0.6)) -> None:
+    import statistics
 
+    from maestro.sim.calibrate import run_and_profile
 
-def real_part(steps: int, repeats: int) -> None:
     print(
-        f"\n== real runs, examples/mllm.toml on 2 processes x 1 thread, {steps} steps "
-        f"(first is warm-up); per step the fastest of {repeats} runs; samples/s",
+        f"\n== real runs, examples/mllm.toml on 2 processes x 1 thread, {steps} steps (first "
+        f"is warm-up); {repeats} interleaved repeats per mode; samples/s from each run's mean "
+        "step time: median [min-max]; wf/fifo: median of the per-repeat ratios [min-max]",
         flush=True,
     )
     print(
-        f"{'text-only':<10}{'fifo':>8}{'wavefront':>11}{'monolithic':>12}{'mono mbs':>9}"
-        f"{'wf/fifo':>9}{'wf/mono':>9}",
+        f"{'text-only':<10}{'fifo':>20}{'wavefront':>20}{'wf+profile':>20}{'monolithic':>20}"
+        f"{'mono mbs':>9}{'wf/fifo':>20}{'wf+p/fifo':>20}{'wf/mono':>9}",
         flush=True,
     )
-    for text in (0.2, 0.4, 0.6):
+    for text in mixes:
         mix = {"text": text, "image": round(1 - text, 6)}
-        runs: dict[str, list[list[float]]] = {}
+        rates: dict[str, list[float]] = {}
+        batch = _config(EXAMPLES / "mllm.toml", steps).global_batch
+        # wf+profile: the scheduler's cost model fitted from a traced run on other batches
+        fit = _config(EXAMPLES / "mllm.toml", steps, mix=mix)
+        prof_path = Path(tempfile.mkdtemp()) / "profile.json"
+        prof_path.write_text(json.dumps(run_and_profile(fit, steps=steps, seed=1000)))
         for _ in range(repeats):  # interleaved, so slow phases of a shared machine hit all
-            for mode in ("fifo", "wavefront", "mono4", "mono8"):
+            for mode in ("fifo", "wavefront", "wf+profile", "mono4", "mono8"):
                 if mode.startswith("mono"):
                     cfg = _config(
                         EXAMPLES / "mllm.toml",
@@ -152,64 +159,99 @@ def real_part(steps: int, repeats: int) -> None:
                         monolithic_micro_batch_size=int(mode[4:]),
                     )
                     r = _run(cfg, monolithic=True)
+                elif mode == "wf+profile":
+                    cfg = _config(
+                        EXAMPLES / "mllm.toml",
+                        steps,
+                        mix=mix,
+                        scheduler="wavefront",
+                        cost_profile=str(prof_path),
+                    )
+                    r = _run(cfg)
                 else:
                     r = _run(_config(EXAMPLES / "mllm.toml", steps, mix=mix, scheduler=mode))
-                runs.setdefault(mode, []).append(r)
-        batch = _config(EXAMPLES / "mllm.toml", steps).global_batch
-        rate = {m: batch / _best(rs) for m, rs in runs.items()}
-        mono_mbs = 4 if rate["mono4"] >= rate["mono8"] else 8
-        mono = rate[f"mono{mono_mbs}"]
+                rates.setdefault(mode, []).append(batch / (sum(r) / len(r)))
+        med = {m: statistics.median(v) for m, v in rates.items()}
+        mono_mbs = 4 if med["mono4"] >= med["mono8"] else 8
+        mono = f"mono{mono_mbs}"
+        pairs = [w / f for w, f in zip(rates["wavefront"], rates["fifo"])]
+        pairs_p = [w / f for w, f in zip(rates["wf+profile"], rates["fifo"])]
+
+        def cell(v):
+            return f"{statistics.median(v):.1f} [{min(v):.1f}-{max(v):.1f}]"
+
         print(
-            f"{int(text * 100):>8}% {rate['fifo']:>8.1f}{rate['wavefront']:>11.1f}{mono:>12.1f}"
-            f"{mono_mbs:>9}{rate['wavefront'] / rate['fifo']:>9.3f}"
-            f"{rate['wavefront'] / mono:>9.3f}",
+            f"{int(text * 100):>8}% {cell(rates['fifo']):>20}{cell(rates['wavefront']):>20}"
+            f"{cell(rates['wf+profile']):>20}{cell(rates[mono]):>20}{mono_mbs:>9}"
+            f"{f'{statistics.median(pairs):.3f} [{min(pairs):.2f}-{max(pairs):.2f}]':>20}"
+            f"{f'{statistics.median(pairs_p):.3f} [{min(pairs_p):.2f}-{max(pairs_p):.2f}]':>20}"
+            f"{med['wavefront'] / med[mono]:>9.3f}",
             flush=True,
         )
 
 
-def _predict(cfg, cm, scheduler: str, steps: int) -> float:
-    """Mean simulated step time over the measured steps, plus the schedule's own compute."""
-    from maestro.schedule import get_scheduler
-    from maestro.sim import simulate
+def _predict(cfg, cm, scheduler: str, steps: int, contention: float = 0.0):
+    """Replayed step time of the measured steps (``maestro.sim.replay``), each step's schedule
+    computed as the runtime computes it (same scheduler and cost model), its CPU time
+    measured here and charged to the step."""
+    from maestro.runtime.costs import runtime_cost_model
+    from maestro.runtime.executor import resolve_scheduler
+    from maestro.sim.replay import replay_steps
     from maestro.workloads import get_workload
 
     wl = get_workload(cfg)
     graph = wl.graph(build=[])
     specs = cfg.section_specs()
-    times = []
+    sched_cm = None if scheduler == "fifo" else runtime_cost_model(cfg, wl)
+    fn = resolve_scheduler(scheduler)
+    runs, t_sched = [], []
     for step in range(1, steps):  # the runtime's first step is its warm-up
         infos = wl.sample_infos(wl.batch(step), graph)
-        t = time.perf_counter()
-        sched = get_scheduler(scheduler)(infos, specs)  # as the runtime calls it
-        t_sched = time.perf_counter() - t
-        times.append(simulate(sched, infos, specs, cm).step_time + t_sched)
-    return sum(times) / len(times)
+        t = time.process_time()
+        runs.append((fn(infos, specs, sched_cm), infos))
+        t_sched.append(time.process_time() - t)
+    return replay_steps(runs, specs, cm, schedule_s=t_sched, contention=contention).step_time
 
 
-def validate_part(steps: int, repeats: int) -> None:
+def _measure(cfg, repeats: int) -> tuple[float, float, float]:
+    """``(median, min, max)`` over ``repeats`` real runs of the mean measured step time."""
+    import statistics
+
+    means = []
+    for _ in range(repeats):
+        r = _run(cfg)
+        means.append(sum(r) / len(r))
+    return statistics.median(means), min(means), max(means)
+
+
+def validate_part(steps: int, repeats: int, fit_seed: int = 1000) -> None:
     from maestro.costmodel import MeasuredCostModel
-    from maestro.sim.profile import profile_config
+    from maestro.sim.calibrate import run_and_profile
 
     print(
-        f"\n== simulator vs measured step time (profile measured here, fastest of 5 "
-        f"repeats; per step the fastest of {repeats} runs, {steps} steps)",
+        f"\n== simulator vs measured step time: profile fitted from 2 traced fifo runs with "
+        f"seeds {fit_seed}, {fit_seed + 1} ({steps} steps each; maestro.sim.calibrate); "
+        f"replayed with maestro.sim.replay; validated on seed 0 batches, median of {repeats} "
+        f"runs of {steps} steps (min-max in brackets)",
         flush=True,
     )
     print(
         f"{'config':<18}{'scheduler':<11}{'ranks':>6}{'predicted ms':>14}{'measured ms':>13}"
-        f"{'error':>8}",
+        f"{'(min-max)':>18}{'error':>8}",
         flush=True,
     )
     for name in ("kd.toml", "mllm.toml", "mllm_audio.toml"):
-        cfg = _config(EXAMPLES / name, steps)
-        cm = MeasuredCostModel.from_profile(profile_config(cfg, repeats=5))
+        cfg = _config(EXAMPLES / name, steps, scheduler="fifo")
+        prof = run_and_profile(cfg, steps=steps, seed=fit_seed, runs=2)
+        cm = MeasuredCostModel.from_profile(prof)
+        print(f"{name}: fitted contention {prof['contention']:.2f} per other busy rank", flush=True)
         for sched in ("fifo", "wavefront"):
             c = _config(EXAMPLES / name, steps, scheduler=sched)
-            pred = _predict(copy.deepcopy(c), cm, sched, steps)
-            meas = _best([_run(c) for _ in range(repeats)])
+            pred = _predict(copy.deepcopy(c), cm, sched, steps, prof["contention"])
+            med, lo, hi = _measure(c, repeats)
             print(
-                f"{name:<18}{sched:<11}{c.world_size:>6}{pred * 1e3:>14.1f}{meas * 1e3:>13.1f}"
-                f"{(pred - meas) / meas:>+8.1%}",
+                f"{name:<18}{sched:<11}{c.world_size:>6}{pred * 1e3:>14.1f}{med * 1e3:>13.1f}"
+                f"{f'({lo * 1e3:.0f}-{hi * 1e3:.0f})':>18}{(pred - med) / med:>+8.1%}",
                 flush=True,
             )
 
@@ -218,14 +260,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", default="sim,real,validate")
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mixes", default="0.2,0.4,0.6", help="text-only shares for --part real")
     args = ap.parse_args()
     parts = set(args.part.split(","))
     print(f"load average at start: {os.getloadavg()[0]:.1f} (2 cores)", flush=True)
     if "sim" in parts:
         sim_part()
     if "real" in parts:
-        real_part(args.steps, args.repeats)
+        real_part(args.steps, args.repeats, [float(x) for x in args.mixes.split(",")])
     if "validate" in parts:
         validate_part(args.steps, args.repeats)
     print(f"load average at end: {os.getloadavg()[0]:.1f}")

@@ -62,6 +62,12 @@ class SectionConfig:
     """Producer sections this one reads; ``None`` keeps the workload's wiring."""
     token_budget: int | None = None
     """Optional cap on tokens per micro-batch, passed to schedulers that honour it."""
+    max_in_flight: int | None = None
+    """Frozen sections only: at most this many output messages (one per micro-batch and
+    consumer replica) may be sent and not yet received; before its next forward the section
+    waits until fewer are in flight. A forward-only section runs ahead of its consumers, and
+    its unreceived outputs stay in memory: this bounds that memory. ``None``: unbounded (it
+    is still at most one step ahead). ``0``: no run-ahead."""
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the first bad field (``where`` is the table path)."""
@@ -90,6 +96,16 @@ class SectionConfig:
             raise ValueError(f"{where}.weight_decay must be >= 0, got {self.weight_decay}")
         if self.token_budget is not None and self.token_budget < 1:
             raise ValueError(f"{where}.token_budget must be >= 1, got {self.token_budget}")
+        if self.max_in_flight is not None:
+            if isinstance(self.max_in_flight, bool) or not isinstance(self.max_in_flight, int):
+                raise ValueError(f"{where}.max_in_flight must be an integer")
+            if self.max_in_flight < 0:
+                raise ValueError(f"{where}.max_in_flight must be >= 0, got {self.max_in_flight}")
+            if not self.frozen:
+                raise ValueError(
+                    f"{where}.max_in_flight bounds a frozen section's run-ahead; this section "
+                    "is trainable (set frozen = true or remove the field)"
+                )
 
 
 @dataclass
@@ -267,6 +283,10 @@ class TrainConfig:
     """Micro-batch size of the ``--monolithic`` baseline (whole model per rank)."""
     threads: int = 1
     """Intra-op torch threads per rank on CPU."""
+    cost_profile: str | None = None
+    """JSON profile (``maestro profile``, e.g. ``--from-run``) whose fitted
+    ``MeasuredCostModel`` the scheduler uses to estimate section costs. ``None``: a FLOP count
+    of each section on the ``meta`` device (``maestro.runtime.costs``). ``fifo`` uses neither."""
 
     def validate(self) -> None:
         """Check every field; ``ValueError`` names the first bad one."""
@@ -282,6 +302,14 @@ class TrainConfig:
             )
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.cost_profile is not None:
+            if not isinstance(self.cost_profile, str) or not self.cost_profile:
+                raise ValueError(f"cost_profile must be a path string, got {self.cost_profile!r}")
+            if not Path(self.cost_profile).is_file():
+                raise ValueError(
+                    f"cost_profile: {self.cost_profile} is not a file (write one with `maestro "
+                    "profile CONFIG --from-run --out PATH`)"
+                )
         if self.scheduler == "monolithic":
             # the monolithic schedule colocates every section on every rank: a run mode, not a
             # section schedule the executor can run

@@ -25,6 +25,17 @@ def register(sub) -> None:
         default=None,
         help="torch threads (default: the config's threads per rank)",
     )
+    p.add_argument(
+        "--from-run",
+        action="store_true",
+        help="fit the profile from a short traced real run of CONFIG instead (per-micro-batch "
+        "overheads, transfers, optimizer, contention; maestro.sim.calibrate)",
+    )
+    p.add_argument("--steps", type=int, default=6, help="--from-run: steps per run (default 6)")
+    p.add_argument("--runs", type=int, default=1, help="--from-run: traced runs (default 1)")
+    p.add_argument(
+        "--seed", type=int, default=None, help="--from-run: data seed (default: the config's)"
+    )
     p.set_defaults(func=run)
 
 
@@ -50,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
                 f"--seq-lens must be comma-separated integers, got {args.seq_lens!r}"
             ) from None
     cfg = load(args.config)
+    if args.from_run:
+        return _from_run(cfg, args)
     prof = profile_config(
         cfg, sizes=sizes, repeats=args.repeats, threads=args.threads, seq_lens=seq_lens
     )
@@ -73,4 +86,29 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:<12}{len(rows):>5}{f:>15.2f}{fbs:>19}{acts:>14}{peak:>9.1f}")
     print(f"peak memory: {prof.get('peak_method', 'accounting')}")
     print(f"wrote {args.out} ({len(cm.forward)} sections fitted)")
+    return 0
+
+
+def _from_run(cfg, args: argparse.Namespace) -> int:
+    """``--from-run``: trace a real run, fit the profile, print what was fitted."""
+    import json
+
+    from maestro.costmodel import MeasuredCostModel
+    from maestro.sim.calibrate import run_and_profile
+
+    prof = run_and_profile(cfg, steps=args.steps, seed=args.seed, runs=args.runs)
+    with open(args.out, "w") as f:
+        json.dump(prof, f, indent=1)
+    cm = MeasuredCostModel.from_profile(prof)
+    print(f"{'section':<12}{'rows':>5}  {'features':<24}{'optimizer ms':>13}")
+    for name, rec in prof["sections"].items():
+        keys = sorted(cm.forward[name].coef)
+        opt = rec["optimizer_s"] * 1e3
+        print(f"{name:<12}{len(rec['rows']):>5}  {','.join(keys):<24}{opt:>13.2f}")
+    print(
+        f"step overhead {prof['step_overhead_s'] * 1e3:.2f} ms, scheduler "
+        f"{prof['scheduler_s'] * 1e3:.2f} ms, contention {prof['contention']:.2f} per other "
+        "busy rank"
+    )
+    print(f"wrote {args.out} ({len(cm.forward)} sections fitted from {args.runs} run(s))")
     return 0

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from maestro.config import TrainConfig
+from maestro.costmodel import micro_batch_features
 from maestro.runtime.faults import NonFiniteError, kill_point, nonfinite_message, poison_factor
 from maestro.runtime.local import batch_to, make_optimizer
 from maestro.runtime.trace import Tracer
@@ -154,6 +155,16 @@ class MaestroWorker:
             make_optimizer(config.sections[self.name], self.params) if self.trainable else None
         )
         self.scheduler = resolve_scheduler(config.scheduler)
+        #: what the scheduler estimates costs with (``runtime.costs``); fifo needs none
+        self.cost_model = None
+        if config.scheduler != "fifo":
+            from maestro.runtime.costs import runtime_cost_model
+
+            self.cost_model = runtime_cost_model(config, self.workload)
+        #: forward-only micro-batches whose outputs may be in flight (sent, not yet received)
+        self.max_in_flight = (
+            config.sections[self.name].max_in_flight if self.section.frozen else None
+        )
         self.transport = Transport(device)
         self.label = f"{self.name}[{self.replica}]"
         #: ``"stop"`` (raise ``NonFiniteError``) or ``"skip"`` (no update on any rank)
@@ -171,8 +182,10 @@ class MaestroWorker:
             # every rank builds the same batch and schedule: no coordination needed
             batch = batch_to(self.workload.batch(step), self.device)
             infos = self.workload.sample_infos(batch, self.graph)
-            schedule = self.scheduler(infos, self.specs)
+            with self.tracer.span("scheduler", "scheduler"):
+                schedule = self.scheduler(infos, self.specs, self.cost_model)
             check_schedule(schedule, infos, self.specs)
+        cost = {i.sample_id: i.cost for i in infos}
         norm = self.workload.normaliser(batch)
         active = {i.sample_id: i.sections for i in infos}
         sec, graph, tr = self.section, self.graph, self.tracer
@@ -209,10 +222,15 @@ class MaestroWorker:
                         received.append((p, sid, got))
                     col.append(got)
                 ins[p] = col
-            with tr.span(f"{self.name} fwd", "forward", mb=k, samples=len(ids)):
+            if self.max_in_flight is not None:
+                with tr.span("run-ahead bound", "wait", mb=k):
+                    self.transport.limit_in_flight(self.max_in_flight)
+            feats = micro_batch_features(cost[i] for i in ids)
+            with tr.span(f"{self.name} fwd", "forward", mb=k, step=step, feats=feats):
                 with torch.inference_mode() if sec.frozen else nullcontext():
                     outs = sec.run([batch[i] for i in ids], ins)
-            with tr.span("send", "send", mb=k):
+            with tr.span("send", "send", mb=k, step=step) as targs:
+                sent = self.transport.bytes_sent
                 for c in consumers:
                     by_dst: dict[int, list[tuple[int, Outputs]]] = {}
                     for sid, o in zip(ids, outs):
@@ -221,10 +239,11 @@ class MaestroWorker:
                             by_dst.setdefault(dst, []).append((sid, o))
                     for dst, items in by_dst.items():
                         self.transport.send(dst, tag_act, items, step)
+                targs["bytes"] = self.transport.bytes_sent - sent
             if k == 0:
                 kill_point(step, self.rank)
             if sink:
-                with tr.span(f"{self.name} bwd", "backward", mb=k):
+                with tr.span(f"{self.name} bwd", "backward", mb=k, step=step):
                     per = [o["loss"] for o in outs]
                     for i, sid in enumerate(ids):
                         f = poison_factor(step, sid)
@@ -246,7 +265,7 @@ class MaestroWorker:
                         for key, gt in g.items():
                             tensors.append(o[key])
                             grads.append(gt)
-            with tr.span(f"{self.name} bwd", "backward", mb=k):
+            with tr.span(f"{self.name} bwd", "backward", mb=k, step=step):
                 if tensors:
                     torch.autograd.backward(tensors, grads)
             self._send_input_grads(received, schedule, tag_grad, step)

@@ -28,10 +28,13 @@ class Tracer:
 
     @contextmanager
     def span(self, name: str, cat: str, **args):
-        """Time the body as one event; compute categories add to ``busy``."""
+        """Time the body as one event; compute categories add to ``busy``.
+
+        Yields the event's ``args`` dict, so the body can add what it learns (e.g. bytes sent).
+        """
         t0 = time.time()
         try:
-            yield
+            yield args
         finally:
             dur = time.time() - t0
             if cat in COMPUTE:

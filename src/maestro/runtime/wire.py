@@ -96,6 +96,7 @@ class Transport:
         self.inbox: dict[tuple[int, int], dict[int, Outputs]] = {}
         self.on_wait = on_wait
         self.bytes_sent = 0
+        self.num_sends = 0
 
     def send(self, dst: int, tag: int, items: Sequence[tuple[int, Outputs]], step: int = 0) -> None:
         """Asynchronously send ``[(sample_id, outputs)]`` to rank ``dst`` as one message."""
@@ -103,10 +104,32 @@ class Transport:
         size = torch.tensor(
             [header.numel(), payload.numel()], dtype=torch.int64, device=self.device
         )
+        self.num_sends += 1
         for t in (size, header, payload):
             if t.numel():
-                self.pending.append((step, dist.isend(t, dst, tag=tag), t))
+                self.pending.append((step, dist.isend(t, dst, tag=tag), t, self.num_sends))
         self.bytes_sent += payload.numel()
+
+    def in_flight(self) -> int:
+        """Messages sent whose receive has not completed (each holds its payload in memory)."""
+        return len({entry[3] for entry in self.pending if not entry[1].is_completed()})
+
+    def limit_in_flight(self, max_messages: int) -> None:
+        """Block until at most ``max_messages`` sent messages are still in flight.
+
+        A forward-only producer calls this before each micro-batch: its outputs stay in memory
+        until the consumer receives them, so bounding the messages in flight bounds how far
+        (and with how much memory) it runs ahead of its consumers.
+        """
+        if max_messages < 0:
+            raise ValueError(f"max_messages must be >= 0, got {max_messages}")
+        while self.pending:
+            ids = list(dict.fromkeys(entry[3] for entry in self.pending))
+            if len(ids) <= max_messages:
+                return
+            oldest = ids[0]
+            while self.pending and self.pending[0][3] == oldest:
+                self.pending.popleft()[1].wait()
 
     def _recv_message(self, src: int, tag: int) -> None:
         size = torch.empty(2, dtype=torch.int64, device=self.device)
@@ -137,5 +160,4 @@ class Transport:
         flushing only earlier steps lets it run one step ahead.
         """
         while self.pending and (before_step is None or self.pending[0][0] < before_step):
-            _, work, _ = self.pending.popleft()
-            work.wait()
+            self.pending.popleft()[1].wait()

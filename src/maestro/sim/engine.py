@@ -25,7 +25,7 @@ topological order, consecutively, ``gpus_per_node`` to a node.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from maestro.costmodel import CostModel, micro_batch_features
@@ -105,6 +105,7 @@ def simulate(
     gpus_per_node: int | None = None,
     trace: bool = False,
     arrival_order: bool = False,
+    start: Mapping[str, Sequence[float]] | None = None,
 ) -> SimResult:
     """Replay ``schedule`` and return its step time and per-section statistics.
 
@@ -117,8 +118,11 @@ def simulate(
         trace: keep every compute interval in ``SimResult.events`` (for a Gantt chart).
         arrival_order: producer backwards run in gradient-arrival order instead of schedule
             order (``maestro.runtime`` runs them in schedule order, waiting as needed).
+        start: section -> per-replica time at which the replica may begin (default 0), for
+            replaying consecutive steps (``maestro.sim.replay``); not for colocated schedules.
     """
     by_name = check_sections(sections)
+    begin = start  # the name is reused for event starts below
     if gpus_per_node is None:
         gpu = getattr(cost_model, "gpu", None)
         gpus_per_node = getattr(gpu, "gpus_per_node", 8)
@@ -126,6 +130,8 @@ def simulate(
         raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
     cost_of = {s.sample_id: s.cost for s in samples}
     if schedule.colocated:
+        if start is not None:
+            raise ValueError("start times are not supported for colocated schedules")
         return _simulate_colocated(schedule, sections, cost_model, cost_of, gpus_per_node, trace)
 
     order = topo_order(sections)
@@ -187,7 +193,7 @@ def simulate(
                 need[(dr, di)] = max(need[(dr, di)], t)
         fe, be, busy, fin = [], [], [], []
         for r, mbs in enumerate(schedule.order[n]):
-            t, b = 0.0, 0.0
+            t, b = (float(begin[n][r]) if begin is not None else 0.0), 0.0
             fe_r, be_r = [], []
             for i in range(len(mbs)):
                 start = max(t, need.get((r, i), 0.0))

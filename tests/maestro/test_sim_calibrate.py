@@ -1,0 +1,253 @@
+"""Profiles fitted from runtime traces, multi-step replay, and the wavefront's fifo guarantee."""
+
+import random
+
+import pytest
+
+from maestro.costmodel import LinearFit, MeasuredCostModel, UnitCostModel
+from maestro.schedule import SampleInfo, SectionSpec, fifo_schedule, wavefront_schedule
+from maestro.sim import simulate
+from maestro.sim.calibrate import profile_from_trace, select_features
+from maestro.sim.replay import replay_steps
+
+MS = 1000.0  # trace timestamps are microseconds
+
+
+def _x(tid, name, cat, start_ms, dur_ms, **args):
+    return {
+        "name": name,
+        "cat": cat,
+        "ph": "X",
+        "ts": start_ms * MS,
+        "dur": dur_ms * MS,
+        "pid": 0,
+        "tid": tid,
+        "args": args,
+    }
+
+
+def _meta(tid, label):
+    return {"name": "thread_name", "ph": "M", "pid": 0, "tid": tid, "args": {"name": label}}
+
+
+def _producer_step(step, t0, feats):
+    """A frozen producer's step on rank 0: batch, two forwards with sends, a flush wait."""
+    return [
+        _x(0, "batch + schedule", "schedule", t0, 3),
+        _x(0, "scheduler", "scheduler", t0 + 1, 1),  # nested: 2 ms of batch building remain
+        # 0.5 ms gap before the first forward: step overhead, not the forward's
+        _x(0, "teacher fwd", "forward", t0 + 3.5, 10, mb=0, step=step, feats=feats[0]),
+        _x(0, "send", "send", t0 + 13.5, 1, mb=0, step=step, bytes=800.0),
+        # 0.5 ms of Python before the next forward: that forward's work
+        _x(0, "teacher fwd", "forward", t0 + 15, 20, mb=1, step=step, feats=feats[1]),
+        _x(0, "send", "send", t0 + 35, 2, mb=1, step=step, bytes=1600.0),
+        _x(0, "flush sends", "wait", t0 + 37, 40),  # blocked: excluded
+    ]
+
+
+def _sink_step(step, t0, feats):
+    """A trainable sink's step on rank 1: a blocked receive, forward+backward per micro-batch."""
+    guard = 20 if step % 2 else 1
+    return [
+        _x(1, "batch + schedule", "schedule", t0, 3),
+        _x(1, "scheduler", "scheduler", t0 + 1, 1),
+        _x(1, "recv teacher", "wait", t0 + 3, 12),  # blocked until the first output arrives
+        _x(1, "student fwd", "forward", t0 + 15, 4, mb=0, step=step, feats=feats[0]),
+        _x(1, "send", "send", t0 + 19, 0, mb=0, step=step, bytes=0.0),
+        _x(1, "student bwd", "backward", t0 + 19, 6, mb=0, step=step),
+        _x(1, "recv teacher", "wait", t0 + 25, 12),
+        _x(1, "student fwd", "forward", t0 + 37.5, 8, mb=1, step=step, feats=feats[1]),
+        _x(1, "student bwd", "backward", t0 + 45.5, 12, mb=1, step=step),
+        _x(1, "flush sends", "wait", t0 + 57.5, 0.5),
+        # 3 ms of gradient checks before the guard, which waits 20 ms once and 1 ms once
+        _x(1, "non-finite guard", "comm", t0 + 61, guard),
+        _x(1, "optimizer", "optimizer", t0 + 61 + guard, 5),
+    ]
+
+
+def _trace(steps=4):
+    feats = [{"samples": 1.0, "tokens": 10.0}, {"samples": 2.0, "tokens": 20.0}]
+    events = [_meta(0, "rank 0: teacher[0]"), _meta(1, "rank 1: student[0]")]
+    for k in range(steps):
+        events += _producer_step(k, 100.0 * k, feats)
+        events += _sink_step(k, 100.0 * k, feats)
+    return {"traceEvents": events}
+
+
+def test_profile_from_trace_charges_work_and_leaves_out_blocking():
+    prof = profile_from_trace(_trace(), skip_steps=1)
+    assert prof["source"] == "trace"
+    teacher, student = prof["sections"]["teacher"], prof["sections"]["student"]
+    assert len(teacher["rows"]) == 6 and len(student["rows"]) == 6  # 3 steps x 2 micro-batches
+    # teacher: forward + its send + the 0.5 ms gap after it; waits excluded; frozen: no backward
+    fwd = sorted({round(r["forward_s"] * 1e3, 6) for r in teacher["rows"]})
+    assert fwd == [11.0, 22.5]
+    assert all("forward_backward_s" not in r for r in teacher["rows"])
+    assert teacher["optimizer_s"] == 0.0
+    # student: forward + gap-free sends; backward of the same micro-batch added
+    fb = sorted({round(r["forward_backward_s"] * 1e3, 6) for r in student["rows"]})
+    assert fb == [10.0, 20.0 + 0.5]  # the 0.5 ms before the 2nd forward is its own work
+    # optimizer_s: tail gaps (3 ms) + optimizer (5 ms) + the fastest guard anywhere (1 ms)
+    assert student["optimizer_s"] == pytest.approx(9e-3)
+    # bytes per unit: 80 bytes per token (steadiest ratio; samples and tokens tie, tokens first)
+    assert teacher["bytes_per"] == {"tokens": pytest.approx(80.0)}
+    # overhead: batch building (2 ms) + teacher's 0.5 ms gap before its first forward, averaged
+    # with the student's 2 ms + 0 (its first span after the batch is a wait), plus the
+    # fastest gap between steps (teacher 23 ms; student 14 ms after a 20 ms guard, 33 ms
+    # after a 1 ms one: time outside any span)
+    assert prof["step_overhead_s"] == pytest.approx(((2.5 + 23) + (2.0 + 14)) / 2 * 1e-3)
+    assert prof["scheduler_s"] == pytest.approx(1e-3)
+    cm = MeasuredCostModel.from_profile(prof)
+    assert cm.forward_time("teacher", {"samples": 2.0, "tokens": 20.0}) == pytest.approx(
+        22.5e-3, rel=0.02
+    )
+
+
+def test_profile_from_trace_rejects_traces_without_features(tmp_path):
+    bare = {"traceEvents": [_meta(0, "rank 0: a[0]"), _x(0, "batch + schedule", "schedule", 0, 1)]}
+    with pytest.raises(ValueError, match="no ranks with spans|forward spans"):
+        profile_from_trace(bare)
+    with pytest.raises(FileNotFoundError):
+        profile_from_trace(tmp_path / "missing.json")
+
+
+def test_select_features_finds_the_driving_feature_among_collinear_ones():
+    rng = random.Random(0)
+    rows = []
+    for _ in range(24):
+        n = rng.randint(1, 8)
+        images = rng.randint(0, n)
+        tokens = sum(rng.randint(10, 100) for _ in range(n))
+        t = 0.002 + 0.004 * images  # driven by images only
+        t *= 1 + rng.gauss(0, 0.03)
+        rows.append(
+            {"features": {"samples": n, "images": images, "tokens": tokens}, "forward_s": t}
+        )
+    assert select_features(rows) == ["images"]
+    # a constant time needs no feature at all
+    flat = [{"features": r["features"], "forward_s": 0.01} for r in rows]
+    assert select_features(flat) == []
+
+
+def _kd_like(cm_teacher=1.0, cm_student=3.0):
+    samples = [SampleInfo(i, frozenset({"t", "s"}), {"tokens": 1.0}) for i in range(8)]
+    sections = [
+        SectionSpec("t", dp=1, micro_batch_size=4, frozen=True),
+        SectionSpec("s", inputs=("t",), dp=1, micro_batch_size=2),
+    ]
+    cm = MeasuredCostModel(
+        forward={"t": LinearFit({"samples": cm_teacher}), "s": LinearFit({"samples": cm_student})},
+        forward_backward={"s": LinearFit({"samples": 3 * cm_student})},
+        optimizer_s={"s": 0.5},
+    )
+    return samples, sections, cm
+
+
+def test_replay_lets_a_frozen_producer_run_one_step_ahead():
+    samples, sections, cm = _kd_like()
+    sched = fifo_schedule(samples, sections)
+    one = simulate(sched, samples, sections, cm)
+    # one step from idle: the student waits 4 s for the teacher's first micro-batch
+    assert one.step_time == pytest.approx(4 + 8 * 9 + 0.5)
+    rep = replay_steps([(sched, samples)] * 4, sections, cm)
+    # the first step waits for the teacher; the teacher then runs a step ahead, so later
+    # steps are the student's 72.5 s (as a trace measures: mean time between step starts)
+    assert rep.step_time == pytest.approx((4 + 4 * 72.5) / 4)
+    assert sum(rep.step_times) == pytest.approx(4 + 4 * 72.5)
+    # overhead and scheduler time delay every rank's first micro-batch of every step
+    slow = replay_steps([(sched, samples)] * 4, sections, cm, overhead=0.25, schedule_s=0.25)
+    assert slow.step_time == pytest.approx((0.5 + 4 + 72 + 0.5 + 3 * 73) / 4)
+
+
+def test_replay_of_trainable_sections_equals_back_to_back_steps():
+    samples = [
+        SampleInfo(i, frozenset({"enc", "llm"} if i % 2 else {"llm"}), {"tokens": 10.0 + i})
+        for i in range(10)
+    ]
+    sections = [
+        SectionSpec("enc", dp=1, micro_batch_size=2),
+        SectionSpec("llm", inputs=("enc",), dp=2, micro_batch_size=2),
+    ]
+    cm = UnitCostModel()
+    sched = wavefront_schedule(samples, sections, cm)
+    one = simulate(sched, samples, sections, cm).step_time
+    rep = replay_steps([(sched, samples)] * 3, sections, cm, overhead=1.0)
+    # every rank is trainable: the guard syncs them, so steps never overlap
+    assert rep.step_times == pytest.approx([one + 1.0] * 3)
+    with pytest.raises(ValueError, match="schedule_s"):
+        replay_steps([(sched, samples)] * 3, sections, cm, schedule_s=[0.0])
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_wavefront_is_never_predicted_slower_than_fifo(seed):
+    rng = random.Random(seed)
+    sections = [
+        SectionSpec("vision", dp=rng.randint(1, 3), micro_batch_size=rng.randint(1, 8)),
+        SectionSpec("audio", dp=1, micro_batch_size=rng.randint(1, 4), frozen=rng.random() < 0.5),
+        SectionSpec(
+            "llm",
+            inputs=("vision", "audio"),
+            dp=rng.randint(1, 3),
+            micro_batch_size=rng.randint(1, 6),
+        ),
+    ]
+    samples = []
+    for i in range(rng.randint(4, 40)):
+        secs = {"llm"} | {s for s in ("vision", "audio") if rng.random() < 0.5}
+        samples.append(
+            SampleInfo(i, frozenset(secs), {"tokens": rng.randint(8, 200), "images": 1.0})
+        )
+    cm = MeasuredCostModel(
+        forward={
+            "vision": LinearFit({"const": rng.uniform(0, 2), "images": rng.uniform(0.5, 5)}),
+            "audio": LinearFit({"samples": rng.uniform(0.1, 2)}),
+            "llm": LinearFit({"const": rng.uniform(0, 1), "tokens": rng.uniform(0.01, 0.05)}),
+        },
+        forward_backward={
+            "vision": LinearFit({"images": rng.uniform(2, 12)}),
+            "audio": LinearFit({"samples": rng.uniform(0.3, 5)}),
+            "llm": LinearFit({"tokens": rng.uniform(0.03, 0.15)}),
+        },
+        bytes_per={"vision": {"images": 1e6}},
+        link_bw=1e8,
+    )
+    fifo = simulate(fifo_schedule(samples, sections), samples, sections, cm).step_time
+    wave = wavefront_schedule(samples, sections, cm)
+    assert wave.name == "wavefront"
+    assert simulate(wave, samples, sections, cm).step_time <= fifo * (1 + 1e-12)
+
+
+def test_contention_is_fitted_and_divided_out_of_the_rows():
+    from maestro.sim.calibrate import _fit_contention
+
+    rng = random.Random(1)
+    rows = []
+    for _ in range(40):
+        n = rng.randint(1, 8)
+        k = rng.choice([0.0, 0.25, 0.5, 1.0])  # other ranks busy meanwhile
+        base = 0.003 + 0.002 * n
+        rows.append(
+            {
+                "features": {"samples": n},
+                "forward_s": base * (1 + 0.3 * k) * (1 + rng.gauss(0, 0.01)),
+                "others": k,
+            }
+        )
+    c = _fit_contention({"s": {"rows": rows}})
+    assert c == pytest.approx(0.3, abs=0.04)
+    # the rows now hold uncontended times: the same per size whatever the overlap
+    four = [r["forward_s"] for r in rows if r["features"]["samples"] == 4]
+    assert max(four) / min(four) < 1.06
+    # ranks that never overlap give no contention
+    flat = [{**r, "others": 0.0} for r in rows]
+    assert _fit_contention({"s": {"rows": flat}}) == 0.0
+
+
+def test_replay_slows_overlapping_sections_by_the_contention():
+    samples, sections, cm = _kd_like()
+    sched = fifo_schedule(samples, sections)
+    plain = replay_steps([(sched, samples)] * 2, sections, cm).step_time
+    slow = replay_steps([(sched, samples)] * 2, sections, cm, contention=0.5).step_time
+    assert slow > plain
+    with pytest.raises(ValueError, match="contention"):
+        replay_steps([(sched, samples)], sections, cm, contention=-1)
