@@ -87,7 +87,7 @@ def sim_part(gpu_list: list[int], plot: str, text_only: list[float]) -> None:
             print(f"  {label:<54}{extra:>+8.2f}  ({100 * extra / full:+.1f}%)", flush=True)
 
     print("\n== MLLM text-only sweep at 256 GPUs")
-    print(f"{'text-only':>10}{'maestro':>9}{'mono':>8}{'saving':>8}{'overlap':>8}")
+    print(f"{'text-only':>10}{'maestro':>9}{'mono':>8}{'saving':>8}{'bound':>8}")
     spec = load_scenario(EXAMPLES / "paper_mllm.toml")
     sweep = []
     for to in text_only:
