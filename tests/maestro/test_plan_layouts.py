@@ -338,3 +338,17 @@ def test_h100_7b_mfu_and_tensor_parallel_cost_are_in_the_published_range():
     # tp = 8 loses at least the ~10-20% published; the model errs on the costly side, which
     # favours per-section layouts that avoid tensor parallelism (stated in BENCHMARKS.md)
     assert mfu(8) <= 0.9 * mfu(1)
+
+
+@pytest.mark.parametrize("name", ["kd", "mllm-audio"])
+def test_steady_state_agrees_with_the_simulator_multi_step_replay(name):
+    # maestro.sim.replay chains the simulator over steps with the same runtime rules, written
+    # independently; in steady state both must give the same period
+    from maestro.sim.replay import replay_steps
+
+    wl = scenario_workload(ScenarioSpec(name=name, gpus=16, samples_per_gpu=4))
+    sched = wavefront_schedule(wl.samples, wl.sections, wl.cost_model)
+    ours = steady_state(sched, wl.samples, wl.sections, wl.cost_model, steps=8)
+    theirs = replay_steps([(sched, wl.samples)] * 8, wl.sections, wl.cost_model, overhead=0.0)
+    middle = theirs.step_times[3:6]  # their first and last steps count the run's edges
+    assert middle == pytest.approx([ours.period] * 3, rel=1e-9)
