@@ -12,9 +12,10 @@ Three parts (``--part sim,real,validate``; all by default), each printing ratios
   every mode, interleaved; the median and range of the runs' samples/s, and of the
   per-repeat wavefront/fifo ratio (``--mixes`` picks the text-only shares).
 - ``validate``: for KD, MLLM (40% text-only) and MLLM with audio, the step time the simulator
-  predicts against the measured one. The profile is fitted from traced real runs on other
-  batches (seeds 1000 and 1001, ``maestro.sim.calibrate``); the prediction replays the
-  measured steps' schedules back to back (``maestro.sim.replay``) with the runtime's rules.
+  predicts against the measured one. The profile is fitted from traced real fifo runs on other
+  batches (seeds 1000, 1001, ...; ``maestro.sim.calibrate``), interleaved with the measured
+  runs; the prediction replays the measured steps' schedules back to back
+  (``maestro.sim.replay``) with the runtime's rules.
 
 Run: ``.venv/bin/python bench/maestro_schedule.py [--part sim] [--steps 8] [--repeats 2]``.
 """
@@ -213,26 +214,20 @@ def _predict(cfg, cm, scheduler: str, steps: int, contention: float = 0.0):
     return replay_steps(runs, specs, cm, schedule_s=t_sched, contention=contention).step_time
 
 
-def _measure(cfg, repeats: int) -> tuple[float, float, float]:
-    """``(median, min, max)`` over ``repeats`` real runs of the mean measured step time."""
+def validate_part(steps: int, repeats: int, fit_seed: int = 1000) -> None:
     import statistics
 
-    means = []
-    for _ in range(repeats):
-        r = _run(cfg)
-        means.append(sum(r) / len(r))
-    return statistics.median(means), min(means), max(means)
-
-
-def validate_part(steps: int, repeats: int, fit_seed: int = 1000) -> None:
     from maestro.costmodel import MeasuredCostModel
-    from maestro.sim.calibrate import run_and_profile
+    from maestro.runtime.launch import RunOptions, launch
+    from maestro.sim.calibrate import param_bytes_of, profile_from_trace
 
     print(
-        f"\n== simulator vs measured step time: profile fitted from 2 traced fifo runs with "
-        f"seeds {fit_seed}, {fit_seed + 1} ({steps} steps each; maestro.sim.calibrate); "
-        f"replayed with maestro.sim.replay; validated on seed 0 batches, median of {repeats} "
-        f"runs of {steps} steps (min-max in brackets)",
+        f"\n== simulator vs measured step time. Per config, {repeats} rounds of: a traced fifo "
+        f"run on seed {fit_seed}+k batches (the fit), then a fifo and a wavefront run on seed 0 "
+        f"batches (measured), so fit and measurement see the same phases of this shared "
+        f"machine. Profile: maestro.sim.calibrate over the fit traces; prediction: "
+        f"maestro.sim.replay of the measured steps. {steps} steps per run; measured = median "
+        f"of the runs' mean step time [min-max]",
         flush=True,
     )
     print(
@@ -241,17 +236,32 @@ def validate_part(steps: int, repeats: int, fit_seed: int = 1000) -> None:
         flush=True,
     )
     for name in ("kd.toml", "mllm.toml", "mllm_audio.toml"):
-        cfg = _config(EXAMPLES / name, steps, scheduler="fifo")
-        prof = run_and_profile(cfg, steps=steps, seed=fit_seed, runs=2)
+        cfgs = {s: _config(EXAMPLES / name, steps, scheduler=s) for s in ("fifo", "wavefront")}
+        measured: dict[str, list[float]] = {s: [] for s in cfgs}
+        with tempfile.TemporaryDirectory() as tmp:
+            traces = []
+            for k in range(repeats):
+                fit = _config(EXAMPLES / name, steps, scheduler="fifo", seed=fit_seed + k)
+                traces.append(Path(tmp) / f"fit{k}.json")
+                opts = RunOptions(progress=False, device="cpu", trace=str(traces[-1]))
+                launch(fit, fit.world_size, opts)
+                for sched, c in cfgs.items():
+                    r = _run(c)
+                    measured[sched].append(sum(r) / len(r))
+            prof = profile_from_trace(
+                traces,
+                param_bytes=param_bytes_of(cfgs["fifo"]),
+                dp={n: sc.dp for n, sc in cfgs["fifo"].sections.items()},
+            )
         cm = MeasuredCostModel.from_profile(prof)
         print(f"{name}: fitted contention {prof['contention']:.2f} per other busy rank", flush=True)
-        for sched in ("fifo", "wavefront"):
-            c = _config(EXAMPLES / name, steps, scheduler=sched)
+        for sched, c in cfgs.items():
             pred = _predict(copy.deepcopy(c), cm, sched, steps, prof["contention"])
-            med, lo, hi = _measure(c, repeats)
+            ms = measured[sched]
+            med = statistics.median(ms)
             print(
                 f"{name:<18}{sched:<11}{c.world_size:>6}{pred * 1e3:>14.1f}{med * 1e3:>13.1f}"
-                f"{f'({lo * 1e3:.0f}-{hi * 1e3:.0f})':>18}{(pred - med) / med:>+8.1%}",
+                f"{f'({min(ms) * 1e3:.0f}-{max(ms) * 1e3:.0f})':>18}{(pred - med) / med:>+8.1%}",
                 flush=True,
             )
 
