@@ -131,7 +131,7 @@ def _plot(sizes, sweep, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def validate_part(steps: int, repeats: int) -> None:
+def validate_part(steps: int, repeats: int, from_run: bool = False) -> None:
     from maestro.config import load
     from maestro.costmodel import MeasuredCostModel
     from maestro.plan import SearchOptions, plan_maestro
@@ -141,12 +141,20 @@ def validate_part(steps: int, repeats: int) -> None:
     from maestro.sim.profile import profile_config
     from maestro.workloads import get_workload
 
-    print("\n== this machine, 2 ranks: planned layout vs the hand-written layouts (s/step)")
+    src = "a traced real run" if from_run else "compute-only micro-batches"
+    print(f"\n== this machine, 2 ranks: planned layout vs the hand-written ones (s/step); {src}")
     print(f"{'config':<10}{'layout':<58}{'predicted':>10}{'measured':>10}{'error':>8}")
     for fname in ("kd.toml", "mllm.toml"):
         cfg = load(EXAMPLES / fname)
         cfg.steps = steps
-        cm = MeasuredCostModel.from_profile(profile_config(cfg, repeats=2))
+        if from_run:
+            # fitted from a traced real run of the hand-written layout: per-micro-batch
+            # overheads and transfers included (maestro.sim.calibrate)
+            from maestro.sim.calibrate import run_and_profile
+
+            cm = MeasuredCostModel.from_profile(run_and_profile(cfg, steps=steps))
+        else:
+            cm = MeasuredCostModel.from_profile(profile_config(cfg, repeats=2))
         wl = get_workload(cfg)
         samples = wl.sample_infos(wl.batch(0), wl.graph(build=[]))
         # what the runtime can run on 2 processes, fastest step
@@ -208,6 +216,11 @@ def main() -> None:
     ap.add_argument("--plot", default="maestro_plan.png")
     ap.add_argument("--steps", type=int, default=6, help="steps per real run (validate)")
     ap.add_argument("--repeats", type=int, default=2, help="real runs per layout (best kept)")
+    ap.add_argument(
+        "--from-run",
+        action="store_true",
+        help="validate: fit the profile from a traced real run instead of compute-only timing",
+    )
     args = ap.parse_args()
     parts = args.part.split(",")
     t = time.perf_counter()
@@ -218,7 +231,7 @@ def main() -> None:
             [float(x) for x in args.text_only.split(",")],
         )
     if "validate" in parts:
-        validate_part(args.steps, args.repeats)
+        validate_part(args.steps, args.repeats, args.from_run)
     print(f"\ntotal {time.perf_counter() - t:.0f} s")
 
 
