@@ -59,11 +59,11 @@ def prepare(preset: str, work: Path) -> tuple[Path, Path]:
 
 
 async def window(url: str, mix, n: int, rate: float, seed: int) -> loadgen.LoadResult:
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
-        return await loadgen.run_open_loop(
-            loadgen.http_target(client), mix.draw(n, seed), rate, seed
-        )
+    send, close = await loadgen.http_target(url)
+    try:
+        return await loadgen.run_open_loop(send, mix.draw(n, seed), rate, seed)
+    finally:
+        await close()
 
 
 def main() -> int:

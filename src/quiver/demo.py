@@ -114,8 +114,6 @@ def _serve(work: Path) -> None:
     and run a short open-loop load against it over HTTP."""
     import signal
 
-    import httpx
-
     from quiver.datasets import load_prepared
     from quiver.serving import loadgen
     from quiver.serving.client import wait_until_ready
@@ -136,8 +134,7 @@ def _serve(work: Path) -> None:
         print(f"   $ quiver serve {d.name} --checkpoint {ckpt.name}  ({url})")
 
         async def target():
-            client = httpx.AsyncClient(base_url=url, timeout=30)
-            return loadgen.http_target(client), client.aclose
+            return await loadgen.http_target(url)
 
         mix = loadgen.RequestMix(2000, 1, 64)
         res = loadgen.sweep(target, mix, [25, 50, 100], duration_s=3.0, progress=False)

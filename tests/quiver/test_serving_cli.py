@@ -63,14 +63,22 @@ def test_train_model_bad_input_is_one_line_error(tmp_path, capsys):
     assert rc == 2 and "error" in err and "Traceback" not in err
 
 
-def test_serve_process_answers_and_drains_on_sigterm(trained):
+def test_serve_process_answers_and_drains_on_sigterm(trained, tmp_path, capsys):
     d, ckpt = trained
-    proc, url = spawn_serve(d, ckpt)
+    proc, url = spawn_serve(d, ckpt, "--slo-ms", "1000")
     try:
         client = Client(url, timeout=10)
         wait_until_ready(client.url, proc=proc)
         body = client.predict([0, 5, 199])
         assert len(body["values"]) == 3
+        # the load generator over HTTP against the same process
+        csv_path = tmp_path / "u.csv"
+        args = ["bench", "--url", url, "--rates", "30", "--duration", "1", "--sizes", "1-4"]
+        rc = quiver_main(args + ["--slo-ms", "1000", "--csv", str(csv_path)])
+        out = capsys.readouterr().out
+        assert rc == 0 and "sustained throughput" in out
+        (row,) = list(csv.DictReader(open(csv_path)))
+        assert int(row["errors"]) == 0 and int(row["ok"]) + int(row["late"]) == int(row["sent"])
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, out

@@ -78,10 +78,7 @@ def run(args: argparse.Namespace) -> int:
         node_count = args.node_count or int(health["node_count"])
 
         async def make_target():
-            client = httpx.AsyncClient(
-                base_url=args.url, timeout=60, limits=httpx.Limits(max_connections=256)
-            )
-            return loadgen.http_target(client), client.aclose
+            return await loadgen.http_target(args.url)
     else:
         if not args.dataset_dir or not args.checkpoint:
             raise ValueError("give DATASET_DIR and --checkpoint, or --url of a running server")

@@ -152,21 +152,33 @@ def engine_target(engine) -> Target:
     return send
 
 
-def http_target(client) -> Target:
-    """A target that posts to ``/v1/predict`` with an ``httpx.AsyncClient`` (base URL set)."""
+async def http_target(url: str, connections: int = 512):
+    """A target posting to ``{url}/v1/predict``; returns ``(send, aclose)``. Call in a loop.
+
+    Uses aiohttp: its client costs several times less CPU per request than httpx's async
+    client, which matters when the generator shares cores with the server (with httpx the
+    generator, not the server, saturated first on 2 cores: ``bench/reliability.py``).
+    """
+    import aiohttp
+
+    session = aiohttp.ClientSession(
+        base_url=url.rstrip("/") + "/",
+        connector=aiohttp.TCPConnector(limit=connections),
+        timeout=aiohttp.ClientTimeout(total=60),
+    )
 
     async def send(nodes: list[int]) -> str:
         try:
-            r = await client.post("/v1/predict", json={"nodes": nodes})
+            async with session.post("v1/predict", json={"nodes": nodes}) as r:
+                if r.status != 200:
+                    await r.read()
+                    return "rejected" if r.status == 429 else "error"
+                body = await r.json()
         except Exception:
             return "error"
-        if r.status_code == 429:
-            return "rejected"
-        if r.status_code != 200:
-            return "error"
-        return "late" if r.json().get("late") else "ok"
+        return "late" if body.get("late") else "ok"
 
-    return send
+    return send, session.close
 
 
 def sweep(

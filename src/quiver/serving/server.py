@@ -44,6 +44,7 @@ class Server:
         hybrid: bool = True,
         device=None,
         gpu_cache: str | int = "4G",
+        sampler_threads: int | None = None,
     ) -> Server:
         """Build a server for a prepared dataset and a ``quiver train-model`` checkpoint.
 
@@ -61,6 +62,9 @@ class Server:
                 rows (FAP order) are cached on it and the rest read zero-copy from pinned host
                 memory.
             gpu_cache: bytes of feature rows cached on ``device`` when it is a GPU.
+            sampler_threads: threads one CPU sampling call may use for a large hop (default:
+                all cores). 1 leaves parallelism to the ``num_sampler_workers`` batches in
+                flight and avoids waking an idle core per request.
         """
         import torch
 
@@ -108,7 +112,9 @@ class Server:
             sampler = HybridSampler(ds.topo, fanouts, threshold=calib["threshold"], seed=seed)
             path_info = f"hybrid CPU/GPU sampling, PSGS threshold {calib['threshold']:.0f}"
         if sampler is None:
-            sampler = GraphSageSampler(ds.topo, fanouts, mode="CPU", seed=seed)
+            sampler = GraphSageSampler(
+                ds.topo, fanouts, mode="CPU", seed=seed, num_threads=sampler_threads
+            )
             if hybrid and not torch.cuda.is_available():
                 path_info += "; no CUDA device, so no GPU path"
         psgs_table = None
