@@ -376,6 +376,7 @@ class TrainConfig:
                 micro_batch_size=self.sections[n].micro_batch_size,
                 frozen=self.sections[n].frozen,
                 token_budget=self.sections[n].token_budget,
+                max_in_flight=self.sections[n].max_in_flight,
             )
             for n in topological_order(edges)
         ]

@@ -78,7 +78,12 @@ def test_max_in_flight_and_cost_profile_are_validated(tmp_path):
     missing = tmp_path / "nope.json"
     with pytest.raises(ValueError, match="cost_profile: .*nope.json is not a file"):
         kd(extra=f'cost_profile = "{missing}"')
-    assert kd(teacher="max_in_flight = 0").sections["teacher"].max_in_flight == 0
+    bounded = kd(teacher="max_in_flight = 0")
+    assert bounded.sections["teacher"].max_in_flight == 0
+    assert {s.name: s.max_in_flight for s in bounded.section_specs()} == {
+        "teacher": 0,
+        "student": None,
+    }
 
 
 def test_flop_estimate_is_deterministic_and_ranks_sections_by_work():

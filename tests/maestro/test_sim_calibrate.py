@@ -251,3 +251,21 @@ def test_replay_slows_overlapping_sections_by_the_contention():
     assert slow > plain
     with pytest.raises(ValueError, match="contention"):
         replay_steps([(sched, samples)], sections, cm, contention=-1)
+
+
+@pytest.mark.parametrize(("limit", "teacher_done"), [(None, 8.0), (1, 22.0), (0, 40.0)])
+def test_simulator_holds_a_frozen_section_to_its_run_ahead_bound(limit, teacher_done):
+    samples = [SampleInfo(i, frozenset({"t", "s"}), {"tokens": 1.0}) for i in range(8)]
+    sections = [
+        SectionSpec("t", dp=1, micro_batch_size=2, frozen=True, max_in_flight=limit),
+        SectionSpec("s", inputs=("t",), dp=1, micro_batch_size=2),
+    ]
+    _, _, cm = _kd_like()  # teacher 1 s per sample; student 6 s forward + 12 s backward per mb
+    sched = fifo_schedule(samples, sections)
+    res = simulate(sched, samples, sections, cm)
+    # the student receives teacher micro-batch k when it starts its k-th forward: 2, 20, 38, 56
+    assert res.sections["t"].finish == [pytest.approx(teacher_done)]
+    # the teacher is never on the critical path here: the step is the student's either way
+    assert res.step_time == pytest.approx(2 + 4 * 18 + 0.5)
+    with pytest.raises(ValueError, match="max_in_flight must be >= 0"):
+        simulate(sched, samples, [SectionSpec("t", frozen=True, max_in_flight=-1)], cm)

@@ -33,6 +33,10 @@ def check_sections(sections: Sequence[SectionSpec]) -> dict[str, SectionSpec]:
             raise ValueError(
                 f"section {sec.name!r}: micro_batch_size must be >= 1, got {sec.micro_batch_size}"
             )
+        if sec.max_in_flight is not None and sec.max_in_flight < 0:
+            raise ValueError(
+                f"section {sec.name!r}: max_in_flight must be >= 0, got {sec.max_in_flight}"
+            )
         if sec.token_budget is not None and sec.token_budget < 1:
             raise ValueError(
                 f"section {sec.name!r}: token_budget must be >= 1, got {sec.token_budget}"

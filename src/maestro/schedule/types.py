@@ -39,6 +39,8 @@ class SectionSpec:
         micro_batch_size: at most this many samples per micro-batch.
         frozen: forward-only (no gradients flow back to it; it may run ahead).
         token_budget: optional cap on the sum of ``cost["tokens"]`` per micro-batch.
+        max_in_flight: frozen sections: at most this many output messages sent and not yet
+            received before the next forward (the runtime's run-ahead bound; ``None``: none).
     """
 
     name: str
@@ -47,6 +49,7 @@ class SectionSpec:
     micro_batch_size: int = 1
     frozen: bool = False
     token_budget: int | None = None
+    max_in_flight: int | None = None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@ runs its micro-batch forwards in schedule order; a forward starts when the repli
 every producer output of its samples has arrived (one coalesced message per producer
 micro-batch and consumer replica). Then, by the section's role (``schedule.graph.role``):
 
-- ``forward`` (frozen): forwards only, back to back; it runs ahead of its consumers.
+- ``forward`` (frozen): forwards only, back to back; it runs ahead of its consumers. With
+  ``max_in_flight = B`` a forward waits until at most ``B`` of its earlier output messages
+  are unreceived (a consumer receives a message when it starts the first micro-batch that
+  needs it); the simulator iterates to a fixed point, since receive times depend on it.
 - ``step`` (trainable, no trainable consumer): each backward right after its forward; input
   gradients go back to trainable producers.
 - ``producer`` (trainable with trainable consumers): all forwards, then one backward per
@@ -29,7 +32,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from maestro.costmodel import CostModel, micro_batch_features
-from maestro.schedule.graph import check_sections, grad_consumers, role, topo_order
+from maestro.schedule.graph import (
+    check_sections,
+    consumers_of,
+    grad_consumers,
+    role,
+    topo_order,
+)
 from maestro.schedule.types import SampleInfo, Schedule, SectionSpec
 
 
@@ -184,38 +193,61 @@ def simulate(
             arrive[key] = sent + cost_model.transfer_time(prod, f, same)
         return arrive
 
-    # forwards (and the backwards of step sections), producers first
-    for n in order:
-        sec = by_name[n]
-        need: dict[tuple[int, int], float] = defaultdict(float)  # (replica, mb) -> inputs ready
-        for p in sec.inputs:
-            for (_, _, dr, di), t in messages(p, n, grads=False).items():
-                need[(dr, di)] = max(need[(dr, di)], t)
-        fe, be, busy, fin = [], [], [], []
-        for r, mbs in enumerate(schedule.order[n]):
-            t, b = (float(begin[n][r]) if begin is not None else 0.0), 0.0
-            fe_r, be_r = [], []
-            for i in range(len(mbs)):
-                start = max(t, need.get((r, i), 0.0))
-                f = cost_model.forward_time(n, feats[n][r][i])
-                t = start + f
-                b += f
-                fe_r.append(t)
-                if trace:
-                    events.append((n, r, "fwd", start, t))
-                if roles[n] == "step":
-                    bt = cost_model.backward_time(n, feats[n][r][i])
+    def forwards(not_before: dict[tuple[str, int, int], float]) -> dict[str, list[list[float]]]:
+        """Forwards (and the backwards of step sections), producers first; forward starts."""
+        starts: dict[str, list[list[float]]] = {}
+        for n in order:
+            sec = by_name[n]
+            need: dict[tuple[int, int], float] = defaultdict(float)  # (replica, mb) -> ready
+            for p in sec.inputs:
+                for (_, _, dr, di), t in messages(p, n, grads=False).items():
+                    need[(dr, di)] = max(need[(dr, di)], t)
+            fe, be, busy, fin, st = [], [], [], [], []
+            for r, mbs in enumerate(schedule.order[n]):
+                t, b = (float(begin[n][r]) if begin is not None else 0.0), 0.0
+                fe_r, be_r, st_r = [], [], []
+                for i in range(len(mbs)):
+                    start = max(t, need.get((r, i), 0.0), not_before.get((n, r, i), 0.0))
+                    st_r.append(start)
+                    f = cost_model.forward_time(n, feats[n][r][i])
+                    t = start + f
+                    b += f
+                    fe_r.append(t)
                     if trace:
-                        events.append((n, r, "bwd", t, t + bt))
-                    t += bt
-                    b += bt
-                    be_r.append(t)
-            fe.append(fe_r)
-            be.append(be_r)
-            busy.append(b)
-            fin.append(t)
-        fwd_end[n], bwd_end[n] = fe, be
-        stats[n] = SectionStats(len(schedule.order[n]), busy, fin)
+                        events.append((n, r, "fwd", start, t))
+                    if roles[n] == "step":
+                        bt = cost_model.backward_time(n, feats[n][r][i])
+                        if trace:
+                            events.append((n, r, "bwd", t, t + bt))
+                        t += bt
+                        b += bt
+                        be_r.append(t)
+                fe.append(fe_r)
+                be.append(be_r)
+                busy.append(b)
+                fin.append(t)
+                st.append(st_r)
+            fwd_end[n], bwd_end[n], starts[n] = fe, be, st
+            stats[n] = SectionStats(len(schedule.order[n]), busy, fin)
+        return starts
+
+    # a bounded frozen section's forwards wait for its consumers' receives, which depend on
+    # its forwards: iterate to a fixed point (waits only grow, so this settles)
+    bounded = {
+        n: by_name[n].max_in_flight
+        for n in order
+        if by_name[n].frozen and by_name[n].max_in_flight is not None
+    }
+    not_before: dict[tuple[str, int, int], float] = {}
+    for _ in range(50 if bounded else 1):
+        events.clear()
+        fwd_start = forwards(not_before)
+        if not bounded:
+            break
+        new = _run_ahead_limits(bounded, schedule, where, consumers_of(sections), fwd_start)
+        if new == not_before:
+            break
+        not_before = new
 
     # backwards of producer sections, as their gradients arrive; consumers first
     for n in reversed(order):
@@ -256,6 +288,32 @@ def simulate(
         step = max(step, max(st.finish, default=0.0) + st.allreduce)
     step += getattr(cost_model, "step_overhead", 0.0)
     return SimResult(step, len(samples), stats, events, world_size=r0)
+
+
+def _run_ahead_limits(bounded, schedule, where, consumers, fwd_start):
+    """``(section, replica, mb) -> earliest forward start`` under each run-ahead bound.
+
+    A frozen replica sends one message per micro-batch and consumer replica, in schedule
+    order; a message is received when its consumer starts the first micro-batch needing it.
+    Before forward ``k`` the runtime waits, oldest first, until at most ``B`` of the messages
+    sent so far are unreceived, i.e. until all but the last ``B`` have been received.
+    """
+    out: dict[tuple[str, int, int], float] = {}
+    for n, limit in bounded.items():
+        for r, mbs in enumerate(schedule.order[n]):
+            recv: list[float] = []  # receive time of every message sent so far, in order
+            for k, mb in enumerate(mbs):
+                if len(recv) > limit:
+                    out[(n, r, k)] = max(recv[: len(recv) - limit])
+                for c in consumers.get(n, ()):
+                    first: dict[int, float] = {}  # consumer replica -> receive time
+                    for s in mb.sample_ids:
+                        if s in where[c]:
+                            dr, di = where[c][s]
+                            t = fwd_start[c][dr][di]
+                            first[dr] = min(first.get(dr, t), t)
+                    recv.extend(first.values())
+    return out
 
 
 def _simulate_colocated(schedule, sections, cost_model, cost_of, gpus_per_node, trace):
