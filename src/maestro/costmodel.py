@@ -320,6 +320,8 @@ class MeasuredCostModel(CostModel):
         optimizer_s: section -> seconds of one optimizer step.
         step_overhead: seconds every rank spends per step outside sections (building the
             global batch); the simulator adds it to the step time.
+        max_samples: section -> the most samples of any measured micro-batch (the fit is
+            not valid beyond it; the planner does not pick larger micro-batches).
     """
 
     forward: dict[str, LinearFit]
@@ -330,6 +332,7 @@ class MeasuredCostModel(CostModel):
     link_latency: float = 50e-6
     optimizer_s: dict[str, float] = field(default_factory=dict)
     step_overhead: float = 0.0
+    max_samples: dict[str, float] = field(default_factory=dict)
 
     def forward_time(self, section: str, feats: Features) -> float:
         try:
@@ -406,6 +409,10 @@ class MeasuredCostModel(CostModel):
             link_latency=float(profile.get("link_latency", 50e-6)),
             optimizer_s=optim,
             step_overhead=float(profile.get("step_overhead_s", 0.0)),
+            max_samples={
+                name: max(float(r["features"].get("samples", 0.0)) for r in rec["rows"])
+                for name, rec in secs.items()
+            },
         )
 
 

@@ -352,3 +352,27 @@ def test_steady_state_agrees_with_the_simulator_multi_step_replay(name):
     theirs = replay_steps([(sched, wl.samples)] * 8, wl.sections, wl.cost_model, overhead=0.0)
     middle = theirs.step_times[3:6]  # their first and last steps count the run's edges
     assert middle == pytest.approx([ours.period] * 3, rel=1e-9)
+
+
+def test_measured_models_are_not_extrapolated_beyond_the_profiled_micro_batches():
+    from maestro.costmodel import MeasuredCostModel
+
+    def rows(n_max):
+        out = []
+        for n in range(1, n_max + 1):
+            f = {"samples": n, "tokens": 50.0 * n, "tokens_sq": 2500.0 * n}
+            out.append(
+                {"features": f, "forward_s": 1e-3 * n + 1e-4, "forward_backward_s": 3e-3 * n}
+            )
+        return out
+
+    prof = {"sections": {"a": {"rows": rows(4)}, "b": {"rows": rows(2), "param_bytes": 1e3}}}
+    cm = MeasuredCostModel.from_profile(prof)
+    assert cm.max_samples == {"a": 4.0, "b": 2.0}
+    samples = [SampleInfo(i, frozenset({"a", "b"}), {"tokens": 50}) for i in range(32)]
+    secs = [SectionSpec("a", frozen=True), SectionSpec("b", inputs=("a",))]
+    opts = SearchOptions(colocate=False, objective="step_time")
+    p = plan_maestro(samples, secs, cm, 2, opts)
+    assert p.sections["a"].micro_batch_size <= 4 and p.sections["b"].micro_batch_size <= 2
+    mono = plan_monolithic(samples, secs, cm, 2, opts)
+    assert next(iter(mono.sections.values())).micro_batch_size <= 2

@@ -312,6 +312,10 @@ class _Problem:
 
     def mbs_choices(self, n: str) -> list[int]:
         cap = max(1, len(self.costs[n]))
+        # a measured model's fit is not extrapolated beyond its largest measured micro-batch
+        measured = getattr(self.cm, "max_samples", {}).get(n)
+        if measured:
+            cap = min(cap, max(1, int(measured)))
         out = sorted({m for m in self.opts.mbs_choices if m <= cap})
         return out or [min(self.opts.mbs_choices)]
 
@@ -835,7 +839,9 @@ def plan_monolithic(
     opts = options or SearchOptions()
     p = _Problem(samples, sections, cost_model, gpus, opts)
     cands = []
-    mbs_all = sorted({m for m in opts.mbs_choices if m <= len(p.samples)}) or [1]
+    measured = getattr(cost_model, "max_samples", {})
+    cap = min([len(p.samples)] + [max(1, int(measured[n])) for n in p.order if measured.get(n)])
+    mbs_all = sorted({m for m in opts.mbs_choices if m <= cap}) or [1]
     budgets = [s.token_budget for s in p.sections.values() if s.token_budget is not None]
     budget = min(budgets) if budgets else None
     any_trainable = any(not s.frozen for s in p.sections.values())
