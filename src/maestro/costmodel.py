@@ -320,8 +320,9 @@ class MeasuredCostModel(CostModel):
         optimizer_s: section -> seconds of one optimizer step.
         step_overhead: seconds every rank spends per step outside sections (building the
             global batch); the simulator adds it to the step time.
-        max_samples: section -> the most samples of any measured micro-batch (the fit is
-            not valid beyond it; the planner does not pick larger micro-batches).
+        max_samples: section -> the largest micro-batch the profile measured (its
+            ``max_micro_batch``; the fit is not valid beyond it, so the planner does not pick
+            larger micro-batches); absent when the profile does not say.
     """
 
     forward: dict[str, LinearFit]
@@ -410,8 +411,9 @@ class MeasuredCostModel(CostModel):
             optimizer_s=optim,
             step_overhead=float(profile.get("step_overhead_s", 0.0)),
             max_samples={
-                name: max(float(r["features"].get("samples", 0.0)) for r in rec["rows"])
+                name: float(rec["max_micro_batch"])
                 for name, rec in secs.items()
+                if rec.get("max_micro_batch")
             },
         )
 

@@ -366,9 +366,17 @@ def test_measured_models_are_not_extrapolated_beyond_the_profiled_micro_batches(
             )
         return out
 
-    prof = {"sections": {"a": {"rows": rows(4)}, "b": {"rows": rows(2), "param_bytes": 1e3}}}
+    prof = {
+        "sections": {
+            "a": {"rows": rows(4), "max_micro_batch": 4},
+            "b": {"rows": rows(2), "param_bytes": 1e3, "max_micro_batch": 2},
+        }
+    }
     cm = MeasuredCostModel.from_profile(prof)
     assert cm.max_samples == {"a": 4.0, "b": 2.0}
+    # a profile that does not say (e.g. fitted from a run's trace) is not capped
+    del prof["sections"]["a"]["max_micro_batch"]
+    assert MeasuredCostModel.from_profile(prof).max_samples == {"b": 2.0}
     samples = [SampleInfo(i, frozenset({"a", "b"}), {"tokens": 50}) for i in range(32)]
     secs = [SectionSpec("a", frozen=True), SectionSpec("b", inputs=("a",))]
     opts = SearchOptions(colocate=False, objective="step_time")

@@ -62,6 +62,7 @@ def test_frozen_section_saves_nothing_and_resident_memory_counts_the_optimizer(k
     # AdamW keeps two fp32 moments: params + grads + 2 moments = 4x the parameter bytes
     assert s["resident_bytes"] == pytest.approx(4 * s["param_bytes"], rel=0.01)
     assert kd_profile["peak_method"] == "accounting"
+    assert t["max_micro_batch"] == s["max_micro_batch"] == 4
     for r in s["rows"]:
         assert r["peak_bytes"] == s["resident_bytes"] + r["activation_bytes"]
 

@@ -279,6 +279,8 @@ def _profile_section(sec, graph, micro_batches, outs, infos, repeats, config, ma
             bytes_per = {best[1]: best[2]}
     return {
         "rows": rows,
+        # the fit is valid up to here (MeasuredCostModel.max_samples)
+        "max_micro_batch": max((len(mb) for mb, _ in micro_batches), default=0),
         "bytes_per": bytes_per,
         "param_bytes": float(sum(p.numel() * p.element_size() for p in params)),
         "resident_bytes": float(resident),
