@@ -1,8 +1,9 @@
 """HTTP API over an ``Engine`` (FastAPI): ``POST /v1/predict``, ``GET /healthz``, ``GET /metrics``.
 
 Every error is JSON ``{"error": message}``: 400 for malformed JSON, 422 for a body that is
-valid JSON but names bad ids or fields, 429 when the queue is full, 503 while shutting down,
-500 when a batch failed inside the server. The OpenAPI schema is served at ``/openapi.json``.
+valid JSON but names bad ids or fields, 429 when overloaded (queue full, queueing past the
+deadline budget, or an event loop running behind: ``quiver.serving.shed``), 503 while shutting
+down, 500 when a batch failed inside the server. The OpenAPI schema is served at ``/openapi.json``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from quiver.serving.batcher import Overloaded, ShuttingDown
 from quiver.serving.engine import Engine
+from quiver.serving.shed import LoopLagShedder
 
 
 class PredictRequest(BaseModel):
@@ -66,6 +68,12 @@ def create_app(engine: Engine) -> FastAPI:
         version=__import__("quiver").__version__,
         description="Low-latency GNN predictions for graph nodes.",
     )
+    cfg = engine.cfg
+    # the front door's bound: a quarter of the deadline, but never under 20 ms (the GIL's 5 ms
+    # switch interval makes a few ms of lag normal while the engine threads run)
+    max_lag = max(0.02, cfg.slo_ms / 4e3) if cfg.shed_late else None
+    rejected = engine.metrics.rejected.labels("loop_lag")
+    app.add_middleware(LoopLagShedder, max_lag_s=max_lag, on_reject=rejected.inc)
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(request: Request, exc: RequestValidationError):
