@@ -10,7 +10,6 @@ import pytest
 from maestro.costmodel import GPU_PRESETS, AnalyticalCostModel, SectionShape
 from maestro.plan import (
     Ablation,
-    ScenarioSpec,
     SearchOptions,
     TPCostModel,
     gpus_to_match,
@@ -18,7 +17,6 @@ from maestro.plan import (
     plan_monolithic,
 )
 from maestro.plan.search import _balanced_order, _Problem
-from maestro.plan.workload import scenario_workload
 from maestro.schedule.types import SampleInfo, SectionSpec
 from maestro.sim.scenarios import SHAPES
 
@@ -37,16 +35,6 @@ def used_gpus(plan) -> int:
             seen.add(key)
             total += s.dp * s.tp
     return total
-
-
-@pytest.fixture(scope="module")
-def kd16():
-    return scenario_workload(ScenarioSpec(name="kd", gpus=16, samples_per_gpu=4))
-
-
-@pytest.fixture(scope="module")
-def mllm16():
-    return scenario_workload(ScenarioSpec(name="mllm-audio", gpus=16, samples_per_gpu=4))
 
 
 def test_tp1_is_the_base_model_exactly():

@@ -32,17 +32,6 @@ from maestro.schedule import monolithic_schedule, wavefront_schedule
 from maestro.schedule.types import SampleInfo, SectionSpec
 from maestro.sim import simulate
 
-
-@pytest.fixture(scope="module")
-def kd16():
-    return scenario_workload(ScenarioSpec(name="kd", gpus=16, samples_per_gpu=4))
-
-
-@pytest.fixture(scope="module")
-def mllm16():
-    return scenario_workload(ScenarioSpec(name="mllm-audio", gpus=16, samples_per_gpu=4))
-
-
 # ---------------------------------------------------------------------------------------------
 # groupings
 
