@@ -51,3 +51,31 @@ def test_request_mix_sizes_and_determinism():
         loadgen.RequestMix(50, 0, 3)
     with pytest.raises(ValueError, match="rate"):
         asyncio.run(loadgen.run_open_loop(lambda n: None, [[1]], rate=0))
+
+
+def test_engine_target_counts_shed_requests_as_rejected():
+    from concurrent.futures import Future
+
+    from quiver.serving.batcher import Overloaded
+
+    class FakeEngine:
+        def __init__(self):
+            self.k = 0
+
+        def submit(self, nodes):
+            self.k += 1
+            if self.k == 1:
+                raise Overloaded("queue full")  # refused at admission
+            fut = Future()
+            if self.k == 2:
+                fut.set_exception(Overloaded("waited too long"))  # shed at pick-up
+            elif self.k == 3:
+                fut.set_exception(RuntimeError("model failed"))
+            else:
+                fut.set_result(type("R", (), {"late": self.k == 4})())
+            return fut
+
+    res = asyncio.run(
+        loadgen.run_open_loop(loadgen.engine_target(FakeEngine()), [[1]] * 5, rate=1000.0)
+    )
+    assert (res.rejected, res.errors, res.late, res.ok) == (2, 1, 1, 1)

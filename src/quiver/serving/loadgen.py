@@ -149,6 +149,8 @@ def engine_target(engine) -> Target:
             return "rejected"
         try:
             res = await asyncio.wrap_future(fut)
+        except Overloaded:  # shed after queueing past its deadline budget: a 429 over HTTP
+            return "rejected"
         except Exception:
             return "error"
         return "late" if res.late else "ok"
