@@ -136,10 +136,17 @@ class Engine:
             return
         torch.set_num_threads(self.cfg.torch_threads)
         n_id, _, adjs = self.sampler.sample(torch.tensor([int(node)], dtype=torch.int64))
-        x = self.features[n_id].to(self._device)
-        adjs = [(ei.to(self._device), eid, size) for ei, eid, size in adjs]
+        self._forward(self.features[n_id], adjs)
+
+    def _forward(self, x, adjs, want_emb: bool = False):
+        """``(embedding or None, logits)`` of the seeds, on the model's device."""
+        # the sampler, the feature store and the model may sit on different devices
+        x = x.to(self._device, non_blocking=True)
+        adjs = [(ei.to(self._device, non_blocking=True), eid, size) for ei, eid, size in adjs]
         with torch.inference_mode():
-            self.model(x, adjs)
+            if want_emb:
+                return self.model.forward_all(x, adjs)
+            return None, self.model(x, adjs)
 
     def _spawn(self, name: str) -> None:
         loop = self._roles[name]
@@ -298,15 +305,8 @@ class Engine:
     def _run_model(self, s: _Sampled) -> None:
         batch = s.batch
         want_emb = any(r.output == "embedding" for r in batch.requests)
-        # the sampler, the feature store and the model may sit on different devices
         started = time.perf_counter()
-        x = s.x.to(self._device, non_blocking=True)
-        adjs = [(ei.to(self._device, non_blocking=True), eid, size) for ei, eid, size in s.adjs]
-        with torch.inference_mode():
-            if want_emb:
-                emb, logits = self.model.forward_all(x, adjs)
-            else:
-                emb, logits = None, self.model(x, adjs)
+        emb, logits = self._forward(s.x, s.adjs, want_emb)
         # rows per seed of the batch, in request order: (len(batch.seeds), C)
         logits_np = logits.float().cpu().numpy()[s.inverse]
         classes = logits_np.argmax(axis=1)
