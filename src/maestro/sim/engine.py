@@ -130,164 +130,230 @@ def simulate(
         start: section -> per-replica time at which the replica may begin (default 0), for
             replaying consecutive steps (``maestro.sim.replay``); not for colocated schedules.
     """
-    by_name = check_sections(sections)
-    begin = start  # the name is reused for event starts below
+    if schedule.colocated and start is not None:
+        raise ValueError("start times are not supported for colocated schedules")
+    step = StepModel(schedule, samples, sections, cost_model, gpus_per_node=gpus_per_node)
+    return step.run(start, trace=trace, arrival_order=arrival_order)
+
+
+def _gpus_per_node(cost_model: CostModel, gpus_per_node: int | None) -> int:
     if gpus_per_node is None:
         gpu = getattr(cost_model, "gpu", None)
         gpus_per_node = getattr(gpu, "gpus_per_node", 8)
     if gpus_per_node < 1:
         raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
-    cost_of = {s.sample_id: s.cost for s in samples}
-    if schedule.colocated:
-        if start is not None:
-            raise ValueError("start times are not supported for colocated schedules")
-        return _simulate_colocated(schedule, sections, cost_model, cost_of, gpus_per_node, trace)
+    return gpus_per_node
 
-    order = topo_order(sections)
-    gcons = grad_consumers(sections)
-    roles = {n: role(by_name[n], gcons) for n in order}
-    first_rank, r0 = {}, 0
-    for n in order:
-        first_rank[n] = r0
-        r0 += len(schedule.order[n])
 
-    def node(n: str, r: int) -> int:
-        return (first_rank[n] + r) // gpus_per_node
+class StepModel:
+    """One schedule's step with everything that does not depend on start times computed once.
 
-    where: dict[str, dict[int, tuple[int, int]]] = {
-        n: {
-            s: (r, i)
-            for r, mbs in enumerate(schedule.order[n])
-            for i, mb in enumerate(mbs)
-            for s in mb.sample_ids
-        }
-        for n in order
-    }
-    feats = {
-        n: [
-            [micro_batch_features(cost_of[s] for s in mb.sample_ids) for mb in mbs]
-            for mbs in schedule.order[n]
-        ]
-        for n in order
-    }
-    fwd_end: dict[str, list[list[float]]] = {}
-    bwd_end: dict[str, list[list[float]]] = {}
-    stats: dict[str, SectionStats] = {}
-    events: list[tuple[str, int, str, float, float]] = []
+    ``simulate`` runs it once; ``maestro.sim.replay`` runs it for every consecutive step of
+    the same schedule (compute and transfer times, message groups and roles are the same each
+    step, only the replicas' start times change).
 
-    def messages(prod: str, cons: str, grads: bool):
-        """Arrival of each coalesced message between ``(prod replica, mb)`` and ``(cons replica,
-        mb)``: outputs after the producer's forward, or gradients after the consumer's backward.
-        Both are sized by the producer's output shape."""
-        groups: dict[tuple[int, int, int, int], list[int]] = defaultdict(list)
-        for s, (dr, di) in where[cons].items():
-            if s in where[prod]:
-                sr, si = where[prod][s]
-                groups[(sr, si, dr, di)].append(s)
-        arrive: dict[tuple[int, int, int, int], float] = {}
-        for key, ss in groups.items():
-            sr, si, dr, di = key
-            same = node(prod, sr) == node(cons, dr)
-            f = micro_batch_features(cost_of[s] for s in ss)
-            sent = bwd_end[cons][dr][di] if grads else fwd_end[prod][sr][si]
-            arrive[key] = sent + cost_model.transfer_time(prod, f, same)
-        return arrive
+    Args: as ``simulate``.
+    """
 
-    def forwards(not_before: dict[tuple[str, int, int], float]) -> dict[str, list[list[float]]]:
-        """Forwards (and the backwards of step sections), producers first; forward starts."""
-        starts: dict[str, list[list[float]]] = {}
+    def __init__(
+        self,
+        schedule: Schedule,
+        samples: Sequence[SampleInfo],
+        sections: Sequence[SectionSpec],
+        cost_model: CostModel,
+        *,
+        gpus_per_node: int | None = None,
+    ) -> None:
+        self.by_name = check_sections(sections)
+        self.gpn = _gpus_per_node(cost_model, gpus_per_node)
+        self.schedule, self.cm, self.sections = schedule, cost_model, sections
+        self.cost_of = {s.sample_id: s.cost for s in samples}
+        self.num_samples = len(samples)
+        if schedule.colocated:
+            return
+        order = self.order = topo_order(sections)
+        self.gcons = grad_consumers(sections)
+        self.roles = {n: role(self.by_name[n], self.gcons) for n in order}
+        self.first_rank, r0 = {}, 0
         for n in order:
-            sec = by_name[n]
-            need: dict[tuple[int, int], float] = defaultdict(float)  # (replica, mb) -> ready
-            for p in sec.inputs:
-                for (_, _, dr, di), t in messages(p, n, grads=False).items():
-                    need[(dr, di)] = max(need[(dr, di)], t)
-            fe, be, busy, fin, st = [], [], [], [], []
-            for r, mbs in enumerate(schedule.order[n]):
-                t, b = (float(begin[n][r]) if begin is not None else 0.0), 0.0
-                fe_r, be_r, st_r = [], [], []
-                for i in range(len(mbs)):
-                    start = max(t, need.get((r, i), 0.0), not_before.get((n, r, i), 0.0))
-                    st_r.append(start)
-                    f = cost_model.forward_time(n, feats[n][r][i])
-                    t = start + f
-                    b += f
-                    fe_r.append(t)
-                    if trace:
-                        events.append((n, r, "fwd", start, t))
-                    if roles[n] == "step":
-                        bt = cost_model.backward_time(n, feats[n][r][i])
+            self.first_rank[n] = r0
+            r0 += len(schedule.order[n])
+        self.world = r0
+        self.where: dict[str, dict[int, tuple[int, int]]] = {
+            n: {
+                s: (r, i)
+                for r, mbs in enumerate(schedule.order[n])
+                for i, mb in enumerate(mbs)
+                for s in mb.sample_ids
+            }
+            for n in order
+        }
+        feats = {
+            n: [
+                [micro_batch_features(self.cost_of[s] for s in mb.sample_ids) for mb in mbs]
+                for mbs in schedule.order[n]
+            ]
+            for n in order
+        }
+        # unscaled compute seconds per (section, replica, micro-batch)
+        self.fwd_s = {
+            n: [[cost_model.forward_time(n, f) for f in fr] for fr in feats[n]] for n in order
+        }
+        self.bwd_s = {
+            n: [[cost_model.backward_time(n, f) for f in fr] for fr in feats[n]]
+            for n in order
+            if self.roles[n] != "forward"
+        }
+        # coalesced messages ``(producer replica, mb, consumer replica, mb, transfer seconds)``
+        # per (producer, consumer) edge: outputs one way, gradients (same size) the other
+        self.msgs: dict[tuple[str, str], list[tuple[int, int, int, int, float]]] = {}
+        for c in order:
+            for p in dict.fromkeys(self.by_name[c].inputs):
+                groups: dict[tuple[int, int, int, int], list[int]] = defaultdict(list)
+                for s, (dr, di) in self.where[c].items():
+                    if s in self.where[p]:
+                        sr, si = self.where[p][s]
+                        groups[(sr, si, dr, di)].append(s)
+                self.msgs[(p, c)] = [
+                    (
+                        *key,
+                        cost_model.transfer_time(
+                            p,
+                            micro_batch_features(self.cost_of[s] for s in ss),
+                            self._node(p, key[0]) == self._node(c, key[2]),
+                        ),
+                    )
+                    for key, ss in groups.items()
+                ]
+        self.allreduce = {}
+        for n in order:
+            if not self.by_name[n].frozen:
+                ranks = len(schedule.order[n])
+                same = self._node(n, 0) == self._node(n, ranks - 1)
+                self.allreduce[n] = cost_model.allreduce_time(n, ranks, same)
+        self.bounded = {
+            n: self.by_name[n].max_in_flight
+            for n in order
+            if self.by_name[n].frozen and self.by_name[n].max_in_flight is not None
+        }
+
+    def _node(self, n: str, r: int) -> int:
+        return (self.first_rank[n] + r) // self.gpn
+
+    def run(
+        self,
+        start: Mapping[str, Sequence[float]] | None = None,
+        *,
+        trace: bool = False,
+        arrival_order: bool = False,
+        scale: Mapping[str, float] | None = None,
+    ) -> SimResult:
+        """Replay the step.
+
+        Args:
+            start: section -> per-replica time at which the replica may begin (default 0).
+            trace: keep every compute interval in ``SimResult.events``.
+            arrival_order: producer backwards in gradient-arrival order (see ``simulate``).
+            scale: section -> factor on its compute times (contention, ``maestro.sim.replay``).
+        """
+        scale = scale or {}
+        if self.schedule.colocated:
+            return _simulate_colocated(self, trace, scale)
+        order, by_name, roles = self.order, self.by_name, self.roles
+        fwd_end: dict[str, list[list[float]]] = {}
+        bwd_end: dict[str, list[list[float]]] = {}
+        stats: dict[str, SectionStats] = {}
+        events: list[tuple[str, int, str, float, float]] = []
+
+        def forwards(not_before: dict[tuple[str, int, int], float]) -> dict[str, list[list[float]]]:
+            """Forwards (and the backwards of step sections), producers first; forward starts."""
+            starts: dict[str, list[list[float]]] = {}
+            for n in order:
+                k = scale.get(n, 1.0)
+                need: dict[tuple[int, int], float] = defaultdict(float)  # (replica, mb) -> ready
+                for p in dict.fromkeys(by_name[n].inputs):
+                    for sr, si, dr, di, tt in self.msgs[(p, n)]:
+                        need[(dr, di)] = max(need[(dr, di)], fwd_end[p][sr][si] + tt)
+                fe, be, busy, fin, st = [], [], [], [], []
+                for r, mbs in enumerate(self.schedule.order[n]):
+                    t, b = (float(start[n][r]) if start is not None else 0.0), 0.0
+                    fe_r, be_r, st_r = [], [], []
+                    for i in range(len(mbs)):
+                        s0 = max(t, need.get((r, i), 0.0), not_before.get((n, r, i), 0.0))
+                        st_r.append(s0)
+                        f = self.fwd_s[n][r][i] * k
+                        t = s0 + f
+                        b += f
+                        fe_r.append(t)
                         if trace:
-                            events.append((n, r, "bwd", t, t + bt))
-                        t += bt
-                        b += bt
-                        be_r.append(t)
-                fe.append(fe_r)
-                be.append(be_r)
-                busy.append(b)
-                fin.append(t)
-                st.append(st_r)
-            fwd_end[n], bwd_end[n], starts[n] = fe, be, st
-            stats[n] = SectionStats(len(schedule.order[n]), busy, fin)
-        return starts
+                            events.append((n, r, "fwd", s0, t))
+                        if roles[n] == "step":
+                            bt = self.bwd_s[n][r][i] * k
+                            if trace:
+                                events.append((n, r, "bwd", t, t + bt))
+                            t += bt
+                            b += bt
+                            be_r.append(t)
+                    fe.append(fe_r)
+                    be.append(be_r)
+                    busy.append(b)
+                    fin.append(t)
+                    st.append(st_r)
+                fwd_end[n], bwd_end[n], starts[n] = fe, be, st
+                stats[n] = SectionStats(len(self.schedule.order[n]), busy, fin)
+            return starts
 
-    # a bounded frozen section's forwards wait for its consumers' receives, which depend on
-    # its forwards: iterate to a fixed point (waits only grow, so this settles)
-    bounded = {
-        n: by_name[n].max_in_flight
-        for n in order
-        if by_name[n].frozen and by_name[n].max_in_flight is not None
-    }
-    not_before: dict[tuple[str, int, int], float] = {}
-    for _ in range(50 if bounded else 1):
-        events.clear()
-        fwd_start = forwards(not_before)
-        if not bounded:
-            break
-        new = _run_ahead_limits(bounded, schedule, where, consumers_of(sections), fwd_start)
-        if new == not_before:
-            break
-        not_before = new
+        # a bounded frozen section's forwards wait for its consumers' receives, which depend on
+        # its forwards: iterate to a fixed point (waits only grow, so this settles)
+        not_before: dict[tuple[str, int, int], float] = {}
+        for _ in range(50 if self.bounded else 1):
+            events.clear()
+            fwd_start = forwards(not_before)
+            if not self.bounded:
+                break
+            new = _run_ahead_limits(
+                self.bounded, self.schedule, self.where, consumers_of(self.sections), fwd_start
+            )
+            if new == not_before:
+                break
+            not_before = new
 
-    # backwards of producer sections, as their gradients arrive; consumers first
-    for n in reversed(order):
-        if roles[n] != "producer":
-            continue
-        grad_at: dict[tuple[int, int], float] = {}
-        for c in gcons[n]:
-            for (sr, si, _, _), t in messages(n, c, grads=True).items():
-                grad_at[(sr, si)] = max(grad_at.get((sr, si), 0.0), t)
-        st = stats[n]
-        be = []
-        for r, mbs in enumerate(schedule.order[n]):
-            t = st.finish[r]
-            ends = [0.0] * len(mbs)
-            if arrival_order:
-                todo = sorted((grad_at[(r, i)], i) for i in range(len(mbs)) if (r, i) in grad_at)
-            else:
+        # backwards of producer sections, as their gradients arrive; consumers first
+        for n in reversed(order):
+            if roles[n] != "producer":
+                continue
+            k = scale.get(n, 1.0)
+            grad_at: dict[tuple[int, int], float] = {}
+            for c in self.gcons[n]:
+                for sr, si, dr, di, tt in self.msgs[(n, c)]:
+                    grad_at[(sr, si)] = max(grad_at.get((sr, si), 0.0), bwd_end[c][dr][di] + tt)
+            st = stats[n]
+            be = []
+            for r, mbs in enumerate(self.schedule.order[n]):
+                t = st.finish[r]
+                ends = [0.0] * len(mbs)
                 todo = [(grad_at[(r, i)], i) for i in range(len(mbs)) if (r, i) in grad_at]
-            for arrive, i in todo:
-                start = max(t, arrive)
-                bt = cost_model.backward_time(n, feats[n][r][i])
-                t = start + bt
-                ends[i] = t
-                st.busy[r] += bt
-                if trace:
-                    events.append((n, r, "bwd", start, t))
-            be.append(ends)
-            st.finish[r] = t
-        bwd_end[n] = be
+                if arrival_order:
+                    todo.sort()
+                for arrive, i in todo:
+                    s0 = max(t, arrive)
+                    bt = self.bwd_s[n][r][i] * k
+                    t = s0 + bt
+                    ends[i] = t
+                    st.busy[r] += bt
+                    if trace:
+                        events.append((n, r, "bwd", s0, t))
+                be.append(ends)
+                st.finish[r] = t
+            bwd_end[n] = be
 
-    step = 0.0
-    for n in order:
-        st = stats[n]
-        if not by_name[n].frozen:
-            ranks = len(schedule.order[n])
-            same = node(n, 0) == node(n, ranks - 1)
-            st.allreduce = cost_model.allreduce_time(n, ranks, same)
-        step = max(step, max(st.finish, default=0.0) + st.allreduce)
-    step += getattr(cost_model, "step_overhead", 0.0)
-    return SimResult(step, len(samples), stats, events, world_size=r0)
+        step = 0.0
+        for n in order:
+            st = stats[n]
+            st.allreduce = self.allreduce.get(n, 0.0)
+            step = max(step, max(st.finish, default=0.0) + st.allreduce)
+        step += getattr(self.cm, "step_overhead", 0.0)
+        return SimResult(step, self.num_samples, stats, events, world_size=self.world)
 
 
 def _run_ahead_limits(bounded, schedule, where, consumers, fwd_start):
@@ -316,9 +382,17 @@ def _run_ahead_limits(bounded, schedule, where, consumers, fwd_start):
     return out
 
 
-def _simulate_colocated(schedule, sections, cost_model, cost_of, gpus_per_node, trace):
-    order = topo_order(sections)
-    by_name = {s.name: s for s in sections}
+def _simulate_colocated(m: StepModel, trace: bool, scale: Mapping[str, float]) -> SimResult:
+    """Each rank runs whole-model micro-batches: every section forward, trainable ones backward.
+
+    With a cost model that has a ``whole_model`` fit (measured in monolithic runs:
+    ``maestro.sim.calibrate``), a micro-batch costs that fit on the features of all its
+    samples, and the step's tail and overhead are the monolithic runtime's; the per-section
+    statistics split the micro-batch's time in proportion to the sections' own fits.
+    """
+    schedule, cm, by_name = m.schedule, m.cm, m.by_name
+    order = topo_order(m.sections)
+    whole = getattr(cm, "whole_model", None)
     world = len(schedule.order[order[0]])
     busy = {n: [0.0] * world for n in order}
     finish = [0.0] * world
@@ -327,26 +401,47 @@ def _simulate_colocated(schedule, sections, cost_model, cost_of, gpus_per_node, 
         t = 0.0
         for i in range(len(schedule.order[order[0]][r])):
             parts = {n: schedule.order[n][r][i].sample_ids for n in order}
-            fs = {n: micro_batch_features(cost_of[s] for s in parts[n]) for n in order}
+            fs = {n: micro_batch_features(m.cost_of[s] for s in parts[n]) for n in order}
+            fwd = {n: cm.forward_time(n, fs[n]) * scale.get(n, 1.0) for n in order if parts[n]}
+            bwd = {
+                n: cm.backward_time(n, fs[n]) * scale.get(n, 1.0)
+                for n in fwd
+                if not by_name[n].frozen
+            }
+            if whole is not None:
+                ids = dict.fromkeys(s for n in order for s in parts[n])
+                f_all, b_all = whole.times(micro_batch_features(m.cost_of[s] for s in ids))
+                fwd = _spread(fwd, f_all)
+                bwd = _spread(bwd, b_all)
             for n in order:
-                if parts[n]:
-                    f = cost_model.forward_time(n, fs[n])
+                if n in fwd:
                     if trace:
-                        events.append((n, r, "fwd", t, t + f))
-                    t += f
-                    busy[n][r] += f
+                        events.append((n, r, "fwd", t, t + fwd[n]))
+                    t += fwd[n]
+                    busy[n][r] += fwd[n]
             for n in reversed(order):
-                if parts[n] and not by_name[n].frozen:
-                    b = cost_model.backward_time(n, fs[n])
+                if n in bwd:
                     if trace:
-                        events.append((n, r, "bwd", t, t + b))
-                    t += b
-                    busy[n][r] += b
+                        events.append((n, r, "bwd", t, t + bwd[n]))
+                    t += bwd[n]
+                    busy[n][r] += bwd[n]
         finish[r] = t
-    same = world <= gpus_per_node
-    allreduce = sum(
-        cost_model.allreduce_time(n, world, same) for n in order if not by_name[n].frozen
-    )
-    step = max(finish, default=0.0) + allreduce + getattr(cost_model, "step_overhead", 0.0)
+    if whole is not None:
+        allreduce, overhead = whole.tail(world), whole.step_overhead
+    else:
+        same = world <= m.gpn
+        allreduce = sum(cm.allreduce_time(n, world, same) for n in order if not by_name[n].frozen)
+        overhead = getattr(cm, "step_overhead", 0.0)
+    step = max(finish, default=0.0) + allreduce + overhead
     stats = {n: SectionStats(world, busy[n], list(finish), allreduce) for n in order}
-    return SimResult(step, len(cost_of), stats, events, world_size=world)
+    return SimResult(step, m.num_samples, stats, events, world_size=world)
+
+
+def _spread(parts: dict[str, float], total: float) -> dict[str, float]:
+    """``total`` split over ``parts``' keys in proportion to their values (evenly if all 0)."""
+    if not parts:
+        return parts
+    s = sum(parts.values())
+    if s <= 0:
+        return {n: total / len(parts) for n in parts}
+    return {n: total * v / s for n, v in parts.items()}

@@ -1,8 +1,9 @@
 """Replay consecutive training steps the way ``maestro.runtime`` runs them, one batch per step.
 
 ``simulate`` replays one step from an idle start. A real run's step time also depends on how
-steps join, so this module chains ``simulate`` calls with the runtime's rules
-(``runtime/launch.py`` and ``runtime/executor.py``):
+steps join, so this module chains the simulator's steps (``engine.StepModel``, built once per
+schedule) with the runtime's rules (``runtime/launch.py`` and ``runtime/executor.py``); the
+planner's steady-state scoring (``maestro.plan.steady``) is this replay of one schedule:
 
 - Every rank starts a step by building the global batch (``overhead`` seconds) and computing
   the schedule (``schedule_s`` seconds, the scheduler's own CPU time) before its first
@@ -13,6 +14,8 @@ steps join, so this module chains ``simulate`` calls with the runtime's rules
 - A frozen (forward-only) rank has no guard: it starts step ``k + 1`` when its own step ``k``
   is done and every rank has finished step ``k - 1`` (the loss statistics all-reduce it waits
   one step late), so it runs at most one step ahead.
+- A colocated (monolithic) step runs on ranks that are all trainable: the next step starts
+  when it ends.
 
 Ranks on one machine slow each other down (shared memory bandwidth, caches, or cores when
 there are more ranks than cores). With ``contention = c`` (fitted by ``maestro.sim.calibrate``)
@@ -30,11 +33,11 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from maestro.costmodel import CostModel
 from maestro.schedule.types import SampleInfo, Schedule, SectionSpec
-from maestro.sim.engine import simulate
+from maestro.sim.engine import SimResult, StepModel
 
 
 @dataclass
@@ -42,15 +45,29 @@ class ReplayResult:
     """Consecutive replayed steps.
 
     Args:
-        step_times: seconds of each step (start of its first rank to the next step's).
-        step_time: their mean.
+        step_times: seconds of each step (start of its first rank to the next step's; the
+            last one: to when its last rank ends).
+        step_ends: when each step ended on its slowest rank (seconds from the first start).
+        busy: the busiest rank's compute plus its all-reduce in the last step (a lower bound
+            on the step time).
     """
 
     step_times: list[float]
+    step_ends: list[float] = field(default_factory=list)
+    busy: float = 0.0
 
     @property
     def step_time(self) -> float:
+        """Mean of ``step_times``."""
         return sum(self.step_times) / len(self.step_times)
+
+    @property
+    def period(self) -> float:
+        """Seconds per step in steady state: the mean interval between the step ends of the
+        last half of the steps (the first steps include the pipeline's fill from idle)."""
+        gaps = [b - a for a, b in zip([0.0, *self.step_ends], self.step_ends)]
+        tail = gaps[len(gaps) // 2 :]
+        return sum(tail) / len(tail)
 
 
 def busy_integral(intervals: Mapping[object, Sequence[tuple[float, float]]]):
@@ -97,44 +114,32 @@ def busy_overlap(
     return out
 
 
-class _Scaled(CostModel):
-    """``base`` with every section's compute times multiplied by its factor."""
-
-    def __init__(self, base: CostModel, factor: Mapping[str, float]) -> None:
-        self.base, self.factor = base, factor
-        self.step_overhead = getattr(base, "step_overhead", 0.0)
-
-    def forward_time(self, section, feats):
-        return self.base.forward_time(section, feats) * self.factor.get(section, 1.0)
-
-    def backward_time(self, section, feats):
-        return self.base.backward_time(section, feats) * self.factor.get(section, 1.0)
-
-    def transfer_time(self, producer, feats, same_node):
-        return self.base.transfer_time(producer, feats, same_node)
-
-    def allreduce_time(self, section, dp, same_node):
-        return self.base.allreduce_time(section, dp, same_node)
-
-
-def _contended(sched, samples, sections, cm, contention, gpus_per_node, start):
-    """Simulate once, measure each section's overlap with other ranks, simulate scaled."""
-    res = simulate(
-        sched, samples, sections, cm, gpus_per_node=gpus_per_node, start=start, trace=True
-    )
+def _contention_scale(step: StepModel, start, contention: float) -> dict[str, float]:
+    """Section -> ``1 + contention * k``, ``k`` the mean number of other ranks computing while
+    the section computes, from a first (uncontended) replay of the step."""
+    res = step.run(start, trace=True)
     per_rank: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
     for sec, r, _, a, b in res.events:
         per_rank[(sec, r)].append((a, b))
+    if step.schedule.colocated:  # a rank runs every section: its intervals are the rank's
+        per_rank = _merge_sections(per_rank)
     ov = busy_overlap(per_rank)
     own: dict[str, float] = defaultdict(float)
     other: dict[str, float] = defaultdict(float)
     for (sec, _), (o, x) in ov.items():
         own[sec] += o
         other[sec] += x
-    factor = {n: 1.0 + contention * other[n] / own[n] for n in own if own[n] > 0}
-    return simulate(
-        sched, samples, sections, _Scaled(cm, factor), gpus_per_node=gpus_per_node, start=start
-    )
+    if step.schedule.colocated:
+        k = sum(other.values()) / max(sum(own.values()), 1e-30)
+        return {n: 1.0 + contention * k for n in step.by_name}
+    return {n: 1.0 + contention * other[n] / own[n] for n in own if own[n] > 0}
+
+
+def _merge_sections(per_rank):
+    out: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    for (_, r), ivs in per_rank.items():
+        out[("", r)].extend(ivs)
+    return out
 
 
 def replay_steps(
@@ -143,28 +148,39 @@ def replay_steps(
     cost_model: CostModel,
     *,
     overhead: float | None = None,
-    schedule_s: Sequence[float] | float = 0.0,
+    schedule_s: Sequence[float] | float | None = None,
     gpus_per_node: int | None = None,
-    contention: float = 0.0,
+    contention: float | None = None,
 ) -> ReplayResult:
     """Replay ``steps`` (each a schedule and its batch) back to back with the runtime's rules.
 
     Args:
-        steps: ``(schedule, samples)`` of every step, in order (non-colocated schedules).
+        steps: ``(schedule, samples)`` of every step, in order. Colocated (monolithic)
+            schedules are replayed one after the other: every rank is trainable, so steps
+            never overlap.
         sections: the section specs.
         cost_model: times of compute, transfers, all-reduces and optimizer steps.
         overhead: seconds each rank spends per step building the batch (default: the cost
-            model's ``step_overhead``, else 0).
-        schedule_s: seconds the scheduler takes per step (one value, or one per step).
+            model's ``step_overhead``, else 0); colocated steps use the simulator's (the
+            cost model's ``step_overhead``, or its ``whole_model`` fit's).
+        schedule_s: seconds the scheduler takes per step (one value, or one per step;
+            default: the cost model's ``scheduler_s``, else 0); not for colocated steps.
         gpus_per_node: ranks per node (see ``simulate``).
-        contention: slowdown per other computing rank (0: ranks do not slow each other).
+        contention: slowdown per other computing rank (default: the cost model's
+            ``contention``, else 0: ranks do not slow each other). Not applied to a
+            colocated step whose cost model has a ``whole_model`` fit (measured under the
+            contention of a monolithic run already).
     """
+    if contention is None:
+        contention = float(getattr(cost_model, "contention", 0.0))
     if contention < 0:
         raise ValueError(f"contention must be >= 0, got {contention}")
     if not steps:
         raise ValueError("steps must not be empty")
     if overhead is None:
         overhead = float(getattr(cost_model, "step_overhead", 0.0))
+    if schedule_s is None:
+        schedule_s = float(getattr(cost_model, "scheduler_s", 0.0))
     per_step = (
         [float(schedule_s)] * len(steps)
         if isinstance(schedule_s, (int, float))
@@ -173,21 +189,40 @@ def replay_steps(
     if len(per_step) != len(steps):
         raise ValueError(f"schedule_s has {len(per_step)} values for {len(steps)} steps")
     frozen = {s.name: s.frozen for s in sections}
+    whole = getattr(cost_model, "whole_model", None) is not None
     start = {s.name: [0.0] * s.dp for s in sections}
+    models: dict[int, tuple[StepModel, dict[str, float] | None]] = {}
     begins: list[float] = []
+    ends: list[float] = []
+    busiest = 0.0
     prev_all = 0.0  # when every rank had finished the step before the current one
-    last_end = 0.0
     for (sched, samples), t_sched in zip(steps, per_step):
+        # consecutive steps of one schedule (a steady state) share its precomputed model
+        key = id(sched)
+        if key not in models:
+            models[key] = (
+                StepModel(sched, samples, sections, cost_model, gpus_per_node=gpus_per_node),
+                None,
+            )
+        step, scale = models[key]
         if sched.colocated:
-            raise ValueError("replay_steps replays section schedules, not colocated ones")
+            begin = max(ends[-1] if ends else 0.0, 0.0)
+            if scale is None:
+                use = contention > 0 and not whole
+                scale = _contention_scale(step, None, contention) if use else {}
+                models[key] = (step, scale)
+            res = step.run(scale=scale)
+            begins.append(begin)
+            ends.append(begin + res.step_time)
+            busiest = _busiest(res, True)
+            prev_all = ends[-1]
+            start = {n: [ends[-1]] * len(v) for n, v in start.items()}
+            continue
         begins.append(min(min(v) for v in start.values()))
         ready = {n: [t + overhead + t_sched for t in v] for n, v in start.items()}
-        if contention > 0:
-            res = _contended(sched, samples, sections, cost_model, contention, gpus_per_node, ready)
-        else:
-            res = simulate(
-                sched, samples, sections, cost_model, gpus_per_node=gpus_per_node, start=ready
-            )
+        # contention depends on how the step overlaps, which depends on when ranks start
+        scale = _contention_scale(step, ready, contention) if contention > 0 else {}
+        res = step.run(ready, scale=scale)
         guard = max(
             (max(st.finish) for n, st in res.sections.items() if not frozen[n]), default=0.0
         )
@@ -195,11 +230,27 @@ def replay_steps(
             n: [guard + st.allreduce] * st.replicas if not frozen[n] else list(st.finish)
             for n, st in res.sections.items()
         }
-        last_end = max(max(v) for v in end.values())
+        ends.append(max(max(v) for v in end.values()))
+        busiest = _busiest(res, False)
+        # the next step: trainable ranks after their all-reduce; frozen ranks after their
+        # own step and once every rank has finished the step before (one step ahead)
         start = {n: (v if not frozen[n] else [max(e, prev_all) for e in v]) for n, v in end.items()}
-        prev_all = last_end
-    bounds = [*begins[1:], last_end]
-    return ReplayResult([b - a for a, b in zip(begins, bounds)])
+        prev_all = ends[-1]
+    bounds = [*begins[1:], ends[-1]]
+    return ReplayResult([b - a for a, b in zip(begins, bounds)], ends, busiest)
+
+
+def _busiest(res: SimResult, colocated: bool) -> float:
+    """The busiest rank's compute plus its all-reduce in one step."""
+    if not res.sections:
+        return 0.0
+    first = next(iter(res.sections.values()))
+    if colocated:  # every rank runs every section
+        ranks = range(first.replicas)
+        return max(sum(st.busy[r] for st in res.sections.values()) for r in ranks) + first.allreduce
+    return max(
+        max((b + st.allreduce for b in st.busy), default=0.0) for st in res.sections.values()
+    )
 
 
 __all__ = ["ReplayResult", "busy_integral", "busy_overlap", "replay_steps"]
