@@ -8,7 +8,6 @@ down, 500 when a batch failed inside the server. The OpenAPI schema is served at
 
 from __future__ import annotations
 
-import asyncio
 from typing import Literal
 
 from fastapi import FastAPI, Request
@@ -17,8 +16,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from quiver.serving.batcher import Overloaded, ShuttingDown
 from quiver.serving.engine import Engine
+from quiver.serving.fastpath import PredictFastPath, answer
 from quiver.serving.shed import LoopLagShedder
 
 
@@ -73,6 +72,8 @@ def create_app(engine: Engine) -> FastAPI:
     # switch interval makes a few ms of lag normal while the engine threads run)
     max_lag = max(0.02, cfg.slo_ms / 4e3) if cfg.shed_late else None
     rejected = engine.metrics.rejected.labels("loop_lag")
+    # added last = outermost: the shedder refuses before the fast path parses anything
+    app.add_middleware(PredictFastPath, engine=engine)
     app.add_middleware(LoopLagShedder, max_lag_s=max_lag, on_reject=rejected.inc)
 
     @app.exception_handler(RequestValidationError)
@@ -99,28 +100,9 @@ def create_app(engine: Engine) -> FastAPI:
         responses={400: {}, 422: {}, 429: {}, 500: {}, 503: {}},
     )
     async def predict(body: PredictRequest):
-        try:
-            fut = engine.submit(body.nodes, body.output)
-        except ValueError as e:
-            return _error(422, str(e))
-        except Overloaded as e:
-            return _error(429, str(e))
-        except ShuttingDown as e:
-            return _error(503, str(e))
-        try:
-            res = await asyncio.wrap_future(fut)
-        except Overloaded as e:  # shed after queueing too long to meet its deadline
-            return _error(429, str(e))
-        except Exception as e:  # a failed batch: answered, never dropped
-            return _error(500, f"prediction failed: {type(e).__name__}: {e}")
-        return {
-            "nodes": res.nodes.tolist(),
-            "output": res.output,
-            "values": res.values.tolist(),
-            "latency_ms": res.latency_ms,
-            "late": res.late,
-            "path": res.path,
-        }
+        # reached only for requests the fast path hands over (see quiver.serving.fastpath)
+        status, payload = await answer(engine, body.nodes, body.output)
+        return payload if status == 200 else JSONResponse(status_code=status, content=payload)
 
     @app.get("/healthz")
     async def healthz():
