@@ -14,7 +14,12 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import Tensor, nn
 
+from quiver.feature.buffers import BufferPool
+
 MODEL_KINDS = ("sage", "gcn", "gat")
+
+#: outputs of inference-mode SAGE layers; a block returns once no tensor views it any more
+_BUFFERS = BufferPool()
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,8 @@ class SampledGNN(nn.Module):
                 emb = x[: size[1]]
             x = self._layer(i, x, edge_index, size[1])
             if i != last:
-                x = torch.relu(x)
+                # in place when no graph is recorded: x is this layer's fresh output
+                x = torch.relu(x) if torch.is_grad_enabled() else torch.relu_(x)
         return emb, x
 
 
@@ -136,8 +142,21 @@ def _sage_csr(conv, x: Tensor, edge_index: Tensor, num_dst: int) -> Tensor | Non
         adj = torch.sparse_csr_tensor(
             crow, src, ones, size=(num_dst, x.shape[0]), check_invariants=False
         )
-    agg = torch.sparse.mm(adj, x) / deg.clamp(min=1).unsqueeze(1).to(x.dtype)  # (num_dst, F)
-    return conv.lin_l(agg) + conv.lin_r(x[:num_dst])
+    deg_f = deg.clamp(min=1).unsqueeze(1).to(x.dtype)  # (num_dst, 1)
+    if torch.is_grad_enabled() and (x.requires_grad or conv.lin_l.weight.requires_grad):
+        agg = torch.sparse.mm(adj, x) / deg_f
+        return conv.lin_l(agg) + conv.lin_r(x[:num_dst])
+    # inference: the same products, into recycled buffers and accumulated in place; every
+    # fresh (num_dst, dim) temporary would be faulted in page by page (bench/serving_path.py)
+    w_l, b_l = conv.lin_l.weight, conv.lin_l.bias
+    agg = _BUFFERS.empty((num_dst, x.shape[1]), x.dtype)
+    torch.mm(adj, x, out=agg).div_(deg_f)  # neighbour means
+    out = _BUFFERS.empty((num_dst, w_l.shape[0]), x.dtype)
+    if b_l is None:
+        torch.mm(agg, w_l.t(), out=out)
+    else:
+        torch.addmm(b_l, agg, w_l.t(), out=out)
+    return out.addmm_(x[:num_dst], conv.lin_r.weight.t())  # (num_dst, out)
 
 
 class FeatureMLP(nn.Module):
