@@ -234,27 +234,39 @@ def run_quiver(args, data: Path, ckpt: Path, rates, requests, seeds, stop_ms: fl
 
 
 def quiver_stage_ms(engine, requests, batch_nodes: int, reps: int = 20) -> dict:
-    """Mean ms of each stage for one request (~32 seeds) and one full batch, run directly."""
+    """Mean ms of each stage for one request (~32 seeds) and one full batch, run directly:
+    wall and (``*_cpu``) process CPU ms."""
     out = {}
     rng = np.random.default_rng(1)
     full = rng.integers(0, engine.node_count, size=batch_nodes)
     for label, seeds in (("one request", None), (f"batch of {batch_nodes}", full)):
-        t = {"sample": 0.0, "gather": 0.0, "model": 0.0}
+        t = {k: 0.0 for k in ("sample", "gather", "model", "sample_cpu", "gather_cpu", "model_cpu")}
         for r in range(reps):
             s = np.unique(np.asarray(requests[r % len(requests)]) if seeds is None else seeds)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_s()
             n_id, _, adjs = engine.sampler.sample(torch.from_numpy(s))
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), _cpu_s()
             x = engine.features[n_id]
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), _cpu_s()
             with torch.inference_mode():
                 engine.model(x, adjs)
-            t3 = time.perf_counter()
+            t3, c3 = time.perf_counter(), _cpu_s()
             t["sample"] += t1 - t0
             t["gather"] += t2 - t1
             t["model"] += t3 - t2
+            t["sample_cpu"] += c1 - c0
+            t["gather_cpu"] += c2 - c1
+            t["model_cpu"] += c3 - c2
         out[label] = {k: v * 1e3 / reps for k, v in t.items()}
     return out
+
+
+def _cpu_s() -> float:
+    """Process CPU seconds (every thread; the machine is otherwise idle during this)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 # ---- report
