@@ -131,34 +131,60 @@ def _plot(sizes, sweep, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def validate_part(steps: int, repeats: int, from_run: bool = False) -> None:
+def validate_part(
+    steps: int, repeats: int, from_run: bool = False, micro_batches: list[int] | None = None
+) -> None:
+    import os
+    import statistics
+
     from maestro.config import load
     from maestro.costmodel import MeasuredCostModel
     from maestro.plan import SearchOptions, plan_maestro
-    from maestro.plan.steady import steady_state
     from maestro.runtime.launch import RunOptions, launch
     from maestro.schedule import get_scheduler, monolithic_schedule
     from maestro.sim.profile import profile_config
+    from maestro.sim.replay import replay_steps
     from maestro.workloads import get_workload
 
-    src = "a traced real run" if from_run else "compute-only micro-batches"
+    if from_run:
+        src = "traced real runs" + (
+            f" at micro-batches {','.join(map(str, micro_batches))} (sections and monolithic)"
+            if micro_batches
+            else " of the hand-written layout"
+        )
+    else:
+        src = "compute-only micro-batches"
     print(f"\n== this machine, 2 ranks: planned layout vs the hand-written ones (s/step); {src}")
-    print(f"{'config':<10}{'layout':<58}{'predicted':>10}{'measured':>10}{'error':>8}")
+    print(f"load average at start {os.getloadavg()[0]:.2f}")
+    print(
+        f"{'config':<10}{'layout':<58}{'predicted':>10}{'measured':>10}{'error':>8}"
+        "  runs (s/step, interleaved)"
+    )
     for fname in ("kd.toml", "mllm.toml"):
         cfg = load(EXAMPLES / fname)
         cfg.steps = steps
         if from_run:
-            # fitted from a traced real run of the hand-written layout: per-micro-batch
-            # overheads and transfers included (maestro.sim.calibrate)
+            # fitted from traced real runs (maestro.sim.calibrate): per-micro-batch overheads,
+            # transfers, contention, and with micro_batches the monolithic runtime's own costs
+            # at every size the search may pick; seeds differ from the measured runs'
             from maestro.sim.calibrate import run_and_profile
 
-            cm = MeasuredCostModel.from_profile(run_and_profile(cfg, steps=steps))
+            prof = run_and_profile(
+                cfg,
+                steps=steps,
+                seed=cfg.seed + 100,
+                micro_batches=micro_batches,
+                monolithic=bool(micro_batches),
+                scheduler="wavefront" if micro_batches else None,
+            )
+            cm = MeasuredCostModel.from_profile(prof)
         else:
             cm = MeasuredCostModel.from_profile(profile_config(cfg, repeats=2))
         wl = get_workload(cfg)
         samples = wl.sample_infos(wl.batch(0), wl.graph(build=[]))
-        # what the runtime can run on 2 processes, fastest step
-        opts = SearchOptions(colocate=False, objective="step_time")
+        # what the runtime can run on 2 processes (disjoint sections, or the whole model on
+        # every rank with data-order shards, as runtime/monolithic.py), fastest step
+        opts = SearchOptions(colocate=False, objective="step_time", balance_monolithic=False)
         plan = plan_maestro(samples, cfg.section_specs(), cm, 2, opts)
         planned = load(EXAMPLES / fname)
         planned.steps = steps
@@ -176,22 +202,33 @@ def validate_part(steps: int, repeats: int, from_run: bool = False) -> None:
             ("hand-written", cfg, False),
             ("hand-written monolithic", cfg, True),
         )
-        best: dict[str, float] = {}
-        # interleaved repeats: load from other processes drifts, and only ever adds time
+        runs: dict[str, list[float]] = {}
+        # interleaved repeats: load from other processes drifts; the median is kept
         for _ in range(repeats):
             for label, c, mono in layouts:
                 res = launch(c, 2, RunOptions(progress=False, device="cpu", monolithic=mono))
-                t = res["elapsed_s"] / res["measured_steps"]
-                best[label] = min(best.get(label, t), t)
+                runs.setdefault(label, []).append(res["elapsed_s"] / res["measured_steps"])
+        # predicted: what a run measures (``launch``'s elapsed over the steps after the
+        # warm-up, from a common barrier, each step its own batch), replayed on the profile
+        batches = [wl.sample_infos(wl.batch(k), wl.graph(build=[])) for k in range(1, steps)]
         for label, c, mono in layouts:
             specs = c.section_specs()
             if mono:
-                sched = monolithic_schedule(
-                    samples, specs, cm, world_size=2, micro_batch_size=c.monolithic_micro_batch_size
-                )
+                world = sum(s.dp for s in specs)
+                specs = [replace(s, dp=world) for s in specs]
+                scheds = [
+                    monolithic_schedule(
+                        b,
+                        specs,
+                        cm,
+                        world_size=world,
+                        micro_batch_size=c.monolithic_micro_batch_size,
+                    )
+                    for b in batches
+                ]
             else:
-                sched = get_scheduler(c.scheduler)(samples, specs, cm)
-            pred = steady_state(sched, samples, specs, cm).period
+                scheds = [get_scheduler(c.scheduler)(b, specs, cm) for b in batches]
+            pred = replay_steps(list(zip(scheds, batches)), specs, cm).step_time
             if mono:
                 lay = f"monolithic mbs={c.monolithic_micro_batch_size}"
             else:
@@ -201,11 +238,13 @@ def validate_part(steps: int, repeats: int, from_run: bool = False) -> None:
                     )
                     + f" {c.scheduler}"
                 )
+            med = statistics.median(runs[label])
             print(
-                f"{fname:<10}{label + ': ' + lay:<58}{pred:>10.3f}{best[label]:>10.3f}"
-                f"{100 * (pred - best[label]) / best[label]:>+7.1f}%",
+                f"{fname:<10}{label + ': ' + lay:<58}{pred:>10.3f}{med:>10.3f}"
+                f"{100 * (pred - med) / med:>+7.1f}%  " + " ".join(f"{t:.3f}" for t in runs[label]),
                 flush=True,
             )
+    print(f"load average at end {os.getloadavg()[0]:.2f}")
 
 
 def main() -> None:
@@ -215,11 +254,19 @@ def main() -> None:
     ap.add_argument("--text-only", default="0,0.2,0.4,0.6,0.8")
     ap.add_argument("--plot", default="maestro_plan.png")
     ap.add_argument("--steps", type=int, default=6, help="steps per real run (validate)")
-    ap.add_argument("--repeats", type=int, default=2, help="real runs per layout (best kept)")
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="real runs per layout, interleaved (median kept)"
+    )
     ap.add_argument(
         "--from-run",
         action="store_true",
-        help="validate: fit the profile from a traced real run instead of compute-only timing",
+        help="validate: fit the profile from traced real runs instead of compute-only timing",
+    )
+    ap.add_argument(
+        "--micro-batches",
+        default="1,2,4,8",
+        help="validate --from-run: micro-batch sizes of the traced runs (sections and "
+        "monolithic); empty: the hand-written layout only",
     )
     args = ap.parse_args()
     parts = args.part.split(",")
@@ -231,7 +278,8 @@ def main() -> None:
             [float(x) for x in args.text_only.split(",")],
         )
     if "validate" in parts:
-        validate_part(args.steps, args.repeats, args.from_run)
+        mbs = [int(x) for x in args.micro_batches.split(",") if x]
+        validate_part(args.steps, args.repeats, args.from_run, mbs or None)
     print(f"\ntotal {time.perf_counter() - t:.0f} s")
 
 

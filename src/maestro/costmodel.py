@@ -10,8 +10,8 @@ implementations share the ``CostModel`` interface:
   this machine.
 
 A micro-batch is described by its *features* (``micro_batch_features``): ``samples`` plus the sum
-of every cost key of its samples (``tokens``, ``images``, ...) and ``tokens_sq`` (sum of squared
-per-sample token counts, for attention).
+of every cost key of its samples (``tokens``, ``images``, ...), ``tokens_sq`` (sum of squared
+per-sample token counts, for attention) and ``tokens_padded`` (samples times the longest).
 """
 
 from __future__ import annotations
@@ -33,20 +33,39 @@ def micro_batch_features(costs: Iterable[Mapping[str, float]]) -> dict[str, floa
         costs: the ``SampleInfo.cost`` of every sample in the micro-batch.
 
     Returns:
-        ``{"samples": n, "tokens_sq": sum(t**2), key: sum(value) for every cost key}``.
+        ``{"samples": n, "tokens_sq": sum(t**2), "tokens_padded": n * max(t), key: sum(value)
+        for every cost key}``, ``t`` each sample's ``tokens``. ``tokens_padded`` is what a
+        micro-batch padded to its longest sample computes (``workloads.layers.pad_stack``):
+        with long-tailed lengths it grows faster than ``tokens`` with the micro-batch size.
     """
     out: dict[str, float] = {"samples": 0.0, "tokens_sq": 0.0}
+    longest = 0.0
     for c in costs:
         out["samples"] += 1.0
         for k, v in c.items():
             out[k] = out.get(k, 0.0) + v
         t = c.get("tokens", 0.0)
         out["tokens_sq"] += t * t
+        longest = max(longest, t)
+    out[PADDED] = out["samples"] * longest
     return out
 
 
+#: the ``micro_batch_features`` key of padded positions (derived, not a per-sample cost)
+PADDED = "tokens_padded"
+#: derived features that are not per-sample costs to add up (a unit cost skips them)
+DERIVED = ("tokens_sq", PADDED)
+
+
 class CostModel:
-    """Interface: every time is in seconds. Subclasses implement the four methods."""
+    """Interface: every time is in seconds. Subclasses implement the four methods.
+
+    ``whole_model``: a ``WholeModelFit`` of the monolithic runtime's whole-model micro-batch,
+    when the model has one (``MeasuredCostModel`` fitted from monolithic runs); the simulator
+    then prices colocated (monolithic) schedules with it instead of the sum of the sections.
+    """
+
+    whole_model: WholeModelFit | None = None
 
     def forward_time(self, section: str, feats: Features) -> float:
         """Forward of one micro-batch with features ``feats`` on one replica of ``section``."""
@@ -79,7 +98,7 @@ class UnitCostModel(CostModel):
     """
 
     def forward_time(self, section: str, feats: Features) -> float:
-        return sum(v for k, v in feats.items() if k != "tokens_sq")
+        return sum(v for k, v in feats.items() if k not in DERIVED)
 
     def backward_time(self, section: str, feats: Features) -> float:
         return 2.0 * self.forward_time(section, feats)
@@ -306,6 +325,89 @@ class LinearFit:
 
 
 @dataclass
+class WholeModelFit:
+    """The monolithic runtime's costs, fitted from its traced runs (``maestro.sim.calibrate``).
+
+    A monolithic rank runs every section on each micro-batch (``runtime/monolithic.py``):
+    its Python, stacking and dispatch per micro-batch differ from a section rank's (no
+    messages), so they are fitted on their own rather than summed from the sections' fits.
+    Times are measured with every rank of the traced run computing at once, i.e. under the
+    machine's contention at that world size; they are used as they are.
+
+    Args:
+        forward: fit of one whole-model micro-batch's forward seconds on the features of all
+            its samples (``micro_batch_features``).
+        forward_backward: the same for forward plus backward.
+        optimizer_s: seconds per step after the last backward besides the gradient
+            all-reduce (the non-finite guard, the optimizer step, Python).
+        allreduce_s: world size -> measured seconds of the fused gradient all-reduce.
+        grad_bytes: bytes of all trainable gradients (the all-reduce at other world sizes:
+            a ring over ``link_bw``).
+        link_bw: bytes/s between processes.
+        link_latency: seconds per message.
+        step_overhead: seconds per step outside micro-batches (building the batch, the
+            gaps between steps).
+        max_samples: the largest micro-batch the fit saw (0: unknown).
+    """
+
+    forward: LinearFit
+    forward_backward: LinearFit
+    optimizer_s: float = 0.0
+    allreduce_s: dict[int, float] = field(default_factory=dict)
+    grad_bytes: float = 0.0
+    link_bw: float = 2e9
+    link_latency: float = 50e-6
+    step_overhead: float = 0.0
+    max_samples: float = 0.0
+
+    def times(self, feats: Features) -> tuple[float, float]:
+        """``(forward, backward)`` seconds of one whole-model micro-batch."""
+        f = max(0.0, self.forward(feats))
+        return f, max(0.0, self.forward_backward(feats) - f)
+
+    def tail(self, dp: int) -> float:
+        """Seconds from the last backward to the step's end on ``dp`` ranks."""
+        if dp in self.allreduce_s:
+            return self.optimizer_s + self.allreduce_s[dp]
+        if dp <= 1:
+            return self.optimizer_s
+        ring = 2.0 * (dp - 1) / dp * self.grad_bytes / self.link_bw
+        return self.optimizer_s + ring + 2 * (dp - 1) * self.link_latency
+
+    @classmethod
+    def from_record(cls, rec: Mapping, link_bw: float, link_latency: float) -> WholeModelFit:
+        """From a profile's ``"monolithic"`` record (``rows`` as a section's, ``optimizer_s``,
+        ``allreduce_s`` keyed by world size, ``param_bytes``, ``step_overhead_s``,
+        ``max_micro_batch``)."""
+        rows = rec.get("rows", [])
+        if len(rows) < 2 or any(r.get("forward_backward_s") is None for r in rows):
+            raise ValueError("profile 'monolithic' needs 2 or more rows with forward_backward_s")
+        keys = _varying_keys(rows)
+        return cls(
+            forward=LinearFit.fit([(r["features"], r["forward_s"]) for r in rows], keys),
+            forward_backward=LinearFit.fit(
+                [(r["features"], r["forward_backward_s"]) for r in rows], keys
+            ),
+            optimizer_s=float(rec.get("optimizer_s", 0.0)),
+            allreduce_s={int(k): float(v) for k, v in rec.get("allreduce_s", {}).items()},
+            grad_bytes=float(rec.get("param_bytes", 0.0)),
+            link_bw=link_bw,
+            link_latency=link_latency,
+            step_overhead=float(rec.get("step_overhead_s", 0.0)),
+            max_samples=float(rec.get("max_micro_batch", 0.0)),
+        )
+
+
+def _varying_keys(rows: list[Mapping]) -> list[str]:
+    """Feature names that vary across profile rows (a constant one is the fit's ``const``)."""
+    first = rows[0]["features"]
+    return sorted(
+        {k for r in rows for k in r["features"]}
+        - {k for k in first if all(r["features"].get(k) == first[k] for r in rows)}
+    )
+
+
+@dataclass
 class MeasuredCostModel(CostModel):
     """Linear fits of measured forward and forward+backward times, per section.
 
@@ -323,6 +425,13 @@ class MeasuredCostModel(CostModel):
         max_samples: section -> the largest micro-batch the profile measured (its
             ``max_micro_batch``; the fit is not valid beyond it, so the planner does not pick
             larger micro-batches); absent when the profile does not say.
+        contention: slowdown of a section's compute per other rank computing meanwhile
+            (fitted from real runs; ``maestro.sim.replay`` applies it); 0 for an isolated
+            profile.
+        scheduler_s: seconds the scheduler takes per step on every rank (measured in real
+            runs; ``maestro.sim.replay`` adds it to a section layout's step).
+        whole_model: the monolithic runtime's own fit (see ``WholeModelFit``), when the
+            profile has one.
     """
 
     forward: dict[str, LinearFit]
@@ -334,6 +443,9 @@ class MeasuredCostModel(CostModel):
     optimizer_s: dict[str, float] = field(default_factory=dict)
     step_overhead: float = 0.0
     max_samples: dict[str, float] = field(default_factory=dict)
+    contention: float = 0.0
+    scheduler_s: float = 0.0
+    whole_model: WholeModelFit | None = None
 
     def forward_time(self, section: str, feats: Features) -> float:
         try:
@@ -365,8 +477,10 @@ class MeasuredCostModel(CostModel):
 
         The profile has ``{"sections": {name: {"rows": [{"features": {...}, "forward_s": x,
         "forward_backward_s": y (optional)}, ...], "bytes_per": {...}, "param_bytes": n,
-        "optimizer_s": t}}, "link_bw": ..., "link_latency": ..., "step_overhead_s": t}``.
-        Features used for the fit are those that vary
+        "optimizer_s": t, "max_micro_batch": m (optional)}}, "link_bw": ..., "link_latency":
+        ..., "step_overhead_s": t}``, and optionally ``"contention"``, ``"scheduler_s"`` and a
+        ``"monolithic"`` record (``WholeModelFit.from_record``), as profiles fitted from real
+        runs have (``maestro.sim.calibrate``). Features used for the fit are those that vary
         across the section's rows.
         """
         if not isinstance(profile, Mapping):
@@ -382,14 +496,7 @@ class MeasuredCostModel(CostModel):
             rows = rec.get("rows", [])
             if len(rows) < 2:
                 raise ValueError(f"profile section {name!r} needs at least 2 measured rows")
-            keys = sorted(
-                {k for r in rows for k in r["features"]}
-                - {
-                    k
-                    for k in rows[0]["features"]
-                    if all(r["features"].get(k) == rows[0]["features"][k] for r in rows)
-                }
-            )
+            keys = _varying_keys(rows)
             fwd[name] = LinearFit.fit([(r["features"], r["forward_s"]) for r in rows], keys)
             fb_rows = [
                 (r["features"], r["forward_backward_s"])
@@ -401,13 +508,16 @@ class MeasuredCostModel(CostModel):
             bytes_per[name] = dict(rec.get("bytes_per", {}))
             params[name] = float(rec.get("param_bytes", 0.0))
             optim[name] = float(rec.get("optimizer_s", 0.0))
+        link_bw = float(profile.get("link_bw", 2e9))
+        link_latency = float(profile.get("link_latency", 50e-6))
+        whole = profile.get("monolithic")
         return cls(
             forward=fwd,
             forward_backward=fb,
             bytes_per=bytes_per,
             param_bytes=params,
-            link_bw=float(profile.get("link_bw", 2e9)),
-            link_latency=float(profile.get("link_latency", 50e-6)),
+            link_bw=link_bw,
+            link_latency=link_latency,
             optimizer_s=optim,
             step_overhead=float(profile.get("step_overhead_s", 0.0)),
             max_samples={
@@ -415,6 +525,11 @@ class MeasuredCostModel(CostModel):
                 for name, rec in secs.items()
                 if rec.get("max_micro_batch")
             },
+            contention=float(profile.get("contention", 0.0)),
+            scheduler_s=float(profile.get("scheduler_s", 0.0)),
+            whole_model=(
+                WholeModelFit.from_record(whole, link_bw, link_latency) if whole else None
+            ),
         )
 
 
@@ -435,6 +550,7 @@ __all__ = [
     "MeasuredCostModel",
     "SectionShape",
     "UnitCostModel",
+    "WholeModelFit",
     "micro_batch_features",
     "preset",
 ]

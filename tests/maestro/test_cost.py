@@ -21,7 +21,8 @@ from maestro.costmodel import (
 
 def test_features_sum_costs_and_squares():
     f = micro_batch_features([{"tokens": 3, "images": 1}, {"tokens": 4}])
-    assert f == {"samples": 2, "tokens": 7, "tokens_sq": 25, "images": 1}
+    # padded to the longest sample: 2 samples x 4 tokens
+    assert f == {"samples": 2, "tokens": 7, "tokens_sq": 25, "images": 1, "tokens_padded": 8}
 
 
 def test_unit_model_backward_is_twice_forward():

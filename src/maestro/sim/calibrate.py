@@ -140,6 +140,119 @@ def _split_rank(spans: list[Mapping]):
     return units, overhead, between, tails, guards, allreduce, sched
 
 
+def _split_monolithic(spans: list[Mapping]) -> list[dict]:
+    """Per step of one monolithic rank (``runtime/monolithic.py``): its micro-batches'
+    ``(mb, forward unit, backward unit)`` seconds, and its overhead, tail and all-reduce.
+
+    A forward unit is the forward span plus the Python before it; a backward unit the
+    backward span plus the gap after its forward. Gaps before a step's first forward and
+    after the step's last span belong to the step overhead (``between``: to the next step's
+    start); the tail is everything from the last backward to the step's end (the untraced
+    non-finite guard, the optimizer) except the gradient all-reduce, kept apart.
+    """
+    steps: list[dict] = []
+    prev_end = None
+    for e in spans:
+        ts, dur = e["ts"] * _US, e["dur"] * _US
+        gap = max(0.0, ts - prev_end) if prev_end is not None else 0.0
+        prev_end = max(prev_end or ts + dur, ts + dur)
+        name, cat = e["name"], e["cat"]
+        if name == "batch + schedule":
+            if steps:
+                steps[-1]["between"] = gap
+            steps.append({"units": [], "overhead": dur, "tail": 0.0, "allreduce": 0.0})
+            continue
+        if not steps:
+            continue
+        st = steps[-1]
+        if cat == "forward":
+            if st["units"]:
+                st["units"].append([e.get("args", {}).get("mb"), gap + dur, 0.0])
+            else:
+                st["overhead"] += gap
+                st["units"].append([e.get("args", {}).get("mb"), dur, 0.0])
+        elif cat == "backward" and st["units"]:
+            st["units"][-1][2] += gap + dur
+        elif cat == "comm":
+            st["tail"] += gap
+            st["allreduce"] += dur
+        elif cat == "optimizer":
+            st["tail"] += gap + dur
+    return steps
+
+
+def monolithic_features(config, world: int, micro_batch_size: int):
+    """``f(step, rank, mb)``: the features of a monolithic run's micro-batch.
+
+    The monolithic runtime traces no features, but its micro-batches follow from the config:
+    contiguous data-order shards of each step's batch, cut into ``micro_batch_size`` samples
+    (``runtime/monolithic.py``), with the costs the workload gives each sample.
+    """
+    from maestro.costmodel import micro_batch_features
+    from maestro.schedule.types import SampleInfo, SectionSpec, fifo_schedule
+    from maestro.workloads import get_workload
+
+    wl = get_workload(config)
+    graph = wl.graph(build=[])
+    spec = SectionSpec("model", dp=world, micro_batch_size=micro_batch_size)
+    cache: dict[int, tuple[dict, list]] = {}
+
+    def feats(step: int, rank: int, mb: int) -> dict[str, float]:
+        if step not in cache:
+            infos = wl.sample_infos(wl.batch(step), graph)
+            whole = [SampleInfo(i.sample_id, frozenset({"model"})) for i in infos]
+            cache[step] = (
+                {i.sample_id: i.cost for i in infos},
+                fifo_schedule(whole, [spec]).order["model"],
+            )
+        cost, order = cache[step]
+        return micro_batch_features(cost[s] for s in order[rank][mb].sample_ids)
+
+    return feats
+
+
+def _fit_monolithic(runs: list[tuple[Sequence[Mapping], object]], skip_steps: int) -> dict:
+    """The profile's ``"monolithic"`` record from monolithic traces and their feature maps.
+
+    Rows keep their measured times (contention included: every rank of a monolithic run
+    computes at once). Per step, the tail and all-reduce are the smallest over the ranks
+    (the last rank to reach the guard waits least), then the median over steps; the
+    all-reduce is kept per world size.
+    """
+    rows, tails, overheads, betweens = [], [], [], []
+    allreduce: dict[int, list[float]] = defaultdict(list)
+    largest = 0.0
+    for events, feats_of in runs:
+        ranks = _by_rank(events)
+        world = len(ranks)
+        per_rank = {r: _split_monolithic(spans) for r, (_, spans) in ranks.items()}
+        num_steps = min(len(v) for v in per_rank.values())
+        for step in range(skip_steps, num_steps):
+            for r, steps in per_rank.items():
+                st = steps[step]
+                for mb, fwd, bwd in st["units"]:
+                    f = feats_of(step, r, mb)
+                    largest = max(largest, f["samples"])
+                    rows.append({"features": f, "forward_s": fwd, "forward_backward_s": fwd + bwd})
+                overheads.append(st["overhead"])
+                if "between" in st:
+                    betweens.append(st["between"])
+            tails.append(min(steps[step]["tail"] for steps in per_rank.values()))
+            allreduce[world].append(min(steps[step]["allreduce"] for steps in per_rank.values()))
+    if len(rows) < 2:
+        raise ValueError(f"monolithic traces have {len(rows)} micro-batches; need 2 or more")
+    keys = select_features(rows)
+    for r in rows:
+        r["features"] = {k: v for k, v in r["features"].items() if k in keys or k == "samples"}
+    return {
+        "rows": rows,
+        "optimizer_s": _median(tails),
+        "allreduce_s": {str(w): _median(v) for w, v in allreduce.items()},
+        "step_overhead_s": _median(overheads) + (min(betweens) if betweens else 0.0),
+        "max_micro_batch": largest,
+    }
+
+
 def _bytes_per(units: list[_Unit]) -> dict[str, float]:
     """Bytes per unit of the cost key whose bytes-per-unit ratio varies least."""
     rows = [(u.feats, u.bytes) for u in units if u.kind == "forward" and u.feats and u.bytes > 0]
@@ -301,16 +414,22 @@ def profile_from_trace(
     param_bytes: Mapping[str, float] | None = None,
     dp: Mapping[str, int] | None = None,
     link_latency: float = 50e-6,
+    monolithic: Sequence[tuple[object, object]] = (),
 ) -> dict:
     """Fit a cost-model profile from a runtime trace (``maestro train --trace``).
 
     Args:
         trace: a Chrome trace file written by the runtime, its parsed dict, or its events;
-            or a list of trace files or dicts (several runs, fitted together).
+            or a list of trace files or dicts (several runs, fitted together). Section
+            runs only (``maestro train`` without ``--monolithic``).
         skip_steps: leading steps to ignore (the warm-up).
         param_bytes: section -> gradient bytes (for ``MeasuredCostModel.allreduce_time``).
         dp: section -> replicas in the traced run (to fit ``link_bw`` from all-reduces).
         link_latency: seconds per message, kept in the profile.
+        monolithic: ``(trace, features)`` of monolithic runs (``--monolithic``), features
+            from ``monolithic_features``; fitted into the profile's ``"monolithic"`` record
+            (``costmodel.WholeModelFit``), so monolithic layouts are priced with the
+            monolithic runtime's own costs.
 
     Returns:
         A profile dict for ``MeasuredCostModel.from_profile``, plus ``"source": "trace"`` and
@@ -387,6 +506,11 @@ def profile_from_trace(
     }
     if link_bws:
         prof["link_bw"] = statistics.median(link_bws)
+    if monolithic:
+        rec = _fit_monolithic([(_events_of(t), f) for t, f in monolithic], skip_steps)
+        # frozen sections have no gradients (``param_bytes_of`` counts 0 bytes for them)
+        rec["param_bytes"] = float(sum((param_bytes or {}).values()))
+        prof["monolithic"] = rec
     return prof
 
 
@@ -412,18 +536,33 @@ def run_and_profile(
     steps: int = 6,
     seed: int | None = None,
     runs: int = 1,
+    micro_batches: Sequence[int] | None = None,
+    monolithic: bool = False,
+    scheduler: str | None = None,
     timeout_s: float = 900.0,
 ):
     """Train ``config`` for ``steps`` steps with tracing on; return ``profile_from_trace``.
 
+    One traced run of a layout fits per-sample and per-micro-batch costs only as far as its
+    micro-batches differ in size; a planner that may pick other sizes needs runs at those
+    sizes. With ``micro_batches``, every size ``m`` is run with every section at
+    micro-batch ``m`` (and, with ``monolithic``, the monolithic layout at ``m``), all fitted
+    together; the profile records ``max_micro_batch`` (the largest size run), so the planner
+    does not extrapolate beyond it.
+
     Args:
         config: a validated ``TrainConfig`` (its sections' ``dp`` set the world size).
         steps: steps to run (>= 3: the first is dropped as warm-up).
-        seed: data seed of the profiling run (default: the config's); use one different from
-            the runs you validate against.
-        runs: traced runs (seeds ``seed``, ``seed + 1``, ...), fitted together: one run's
-            speed on a shared machine varies by 10% or more.
-        timeout_s: give up after this long.
+        seed: data seed of the first profiling run (default: the config's); every further
+            run takes the next seed. Use seeds different from the runs you validate against.
+        runs: traced runs per layout (one run's speed on a shared machine varies by 10% or
+            more).
+        micro_batches: micro-batch sizes to run (default: the config's own layout only).
+        monolithic: also run the monolithic layout (same world size) at each size and fit
+            the profile's ``"monolithic"`` record from it (requires ``micro_batches``, or
+            uses the config's ``monolithic_micro_batch_size``).
+        scheduler: the scheduler of the section runs (default: the config's).
+        timeout_s: give up after this long (per run).
     """
     import copy
 
@@ -433,23 +572,62 @@ def run_and_profile(
         raise ValueError(f"steps must be >= 3 for a profile from a run, got {steps}")
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
-    cfg = copy.deepcopy(config)
-    cfg.steps = steps
-    first = cfg.seed if seed is None else seed
+    if micro_batches is not None and (not micro_batches or min(micro_batches) < 1):
+        raise ValueError(f"micro_batches must be sizes >= 1, got {list(micro_batches)}")
+    base = copy.deepcopy(config)
+    base.steps = steps
+    if scheduler is not None:
+        base.scheduler = scheduler
+    first = base.seed if seed is None else seed
+    sizes = list(micro_batches) if micro_batches is not None else [None]
+    world = base.world_size
+    seeds = iter(range(first, first + 10_000))
     with tempfile.TemporaryDirectory() as tmp:
-        traces = []
-        for k in range(runs):
-            cfg.seed = first + k
-            traces.append(Path(tmp) / f"trace{k}.json")
-            opts = RunOptions(progress=False, device="cpu", trace=str(traces[-1]))
-            launch(cfg, cfg.world_size, opts, timeout_s=timeout_s)
+        traces, mono = [], []
+        for m in sizes:
+            for _ in range(runs):
+                cfg = copy.deepcopy(base)
+                cfg.seed = next(seeds)
+                if m is not None:
+                    for sc in cfg.sections.values():
+                        sc.micro_batch_size = m
+                traces.append(Path(tmp) / f"trace{len(traces)}.json")
+                opts = RunOptions(progress=False, device="cpu", trace=str(traces[-1]))
+                launch(cfg, world, opts, timeout_s=timeout_s)
+                if monolithic:
+                    mbs = m if m is not None else cfg.monolithic_micro_batch_size
+                    cfg.seed = next(seeds)
+                    cfg.monolithic_micro_batch_size = mbs
+                    path = Path(tmp) / f"mono{len(mono)}.json"
+                    opts = RunOptions(
+                        progress=False, device="cpu", trace=str(path), monolithic=True
+                    )
+                    launch(cfg, world, opts, timeout_s=timeout_s)
+                    mono.append((path, monolithic_features(cfg, world, mbs)))
         prof = profile_from_trace(
             traces,
-            param_bytes=param_bytes_of(cfg),
-            dp={n: sc.dp for n, sc in cfg.sections.items()},
+            param_bytes=param_bytes_of(base),
+            dp={n: sc.dp for n, sc in base.sections.items()},
+            monolithic=mono,
         )
-    prof["run"] = {"steps": steps, "seed": first, "runs": runs, "scheduler": cfg.scheduler}
+    if micro_batches is not None:
+        for rec in prof["sections"].values():
+            rec["max_micro_batch"] = max(sizes)
+    prof["run"] = {
+        "steps": steps,
+        "seed": first,
+        "runs": runs,
+        "scheduler": base.scheduler,
+        "micro_batches": sizes if micro_batches is not None else None,
+        "monolithic": monolithic,
+    }
     return prof
 
 
-__all__ = ["BYTE_KEYS", "param_bytes_of", "profile_from_trace", "run_and_profile"]
+__all__ = [
+    "BYTE_KEYS",
+    "monolithic_features",
+    "param_bytes_of",
+    "profile_from_trace",
+    "run_and_profile",
+]
