@@ -199,3 +199,41 @@ def test_profile_from_run_cli_feeds_simulate(tmp_path, capsys):
     args = ["simulate", str(cfg), "--profile", str(out), "--no-gantt", "--scheduler", "wavefront"]
     assert main(args) == 0
     assert "== wavefront" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # four real 2-process runs (~10-35 s on 2 shared cores)
+def test_profile_from_runs_at_several_micro_batch_sizes_covers_what_the_planner_picks():
+    """Real traced runs at micro-batch 1 and 2, sections and monolithic: per-micro-batch and
+    per-sample costs are both identified, the monolithic runtime gets its own fit, and the
+    planner stays within the sizes run."""
+    from maestro.plan import SearchOptions, plan_maestro, plan_monolithic
+    from maestro.workloads import get_workload
+
+    cfg = kd()
+    prof = run_and_profile(cfg, steps=3, seed=11, micro_batches=[1, 2], monolithic=True)
+    assert prof["run"]["micro_batches"] == [1, 2] and prof["run"]["monolithic"]
+    for rec in prof["sections"].values():
+        assert rec["max_micro_batch"] == 2
+        # 2 measured steps of 8 samples, at 1 and at 2 samples per micro-batch
+        assert len(rec["rows"]) == 2 * 8 + 2 * 4
+    mono = prof["monolithic"]
+    # per rank 4 samples a step: 4 micro-batches of 1, then 2 of 2; 2 ranks, 2 steps each
+    assert len(mono["rows"]) == 2 * 2 * (4 + 2)
+    assert sorted({r["features"]["samples"] for r in mono["rows"]}) == [1.0, 2.0]
+    assert all(r["forward_backward_s"] > r["forward_s"] > 0 for r in mono["rows"])
+    assert set(mono["allreduce_s"]) == {"2"} and mono["optimizer_s"] > 0
+    cm = MeasuredCostModel.from_profile(json.loads(json.dumps(prof)))
+    assert cm.whole_model is not None and cm.max_samples == {"teacher": 2.0, "student": 2.0}
+    wl = get_workload(cfg)
+    samples = wl.sample_infos(wl.batch(0), wl.graph(build=[]))
+    opts = SearchOptions(colocate=False, objective="step_time", balance_monolithic=False)
+    plan = plan_maestro(samples, cfg.section_specs(), cm, 2, opts)
+    assert all(sp.micro_batch_size <= 2 for sp in plan.sections.values())
+    mono_plan = plan_monolithic(samples, cfg.section_specs(), cm, 2, opts)
+    assert all(sp.micro_batch_size <= 2 for sp in mono_plan.sections.values())
+    # the monolithic plan is priced by the whole-model fit: its predicted step is at least
+    # the fitted micro-batches of its busiest rank plus the fitted tail
+    w = cm.whole_model
+    assert mono_plan.step_time >= w.tail(mono_plan.sections["student"].dp)
+    with pytest.raises(ValueError, match="micro_batches"):
+        run_and_profile(cfg, steps=3, micro_batches=[0])

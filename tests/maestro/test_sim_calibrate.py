@@ -269,3 +269,124 @@ def test_simulator_holds_a_frozen_section_to_its_run_ahead_bound(limit, teacher_
     assert res.step_time == pytest.approx(2 + 4 * 18 + 0.5)
     with pytest.raises(ValueError, match="max_in_flight must be >= 0"):
         simulate(sched, samples, [SectionSpec("t", frozen=True, max_in_flight=-1)], cm)
+
+
+# ---------------------------------------------------------------------------------------------
+# Monolithic runs: the whole-model fit, and the planner's comparison on the same footing
+
+
+def _mono_step(tid, step, t0, tail_gap, allreduce_ms):
+    """A monolithic rank's step: batch, two micro-batches (1 and 2 samples), guard gap,
+    all-reduce, optimizer."""
+    return [
+        _x(tid, "batch + schedule", "schedule", t0, 2),
+        # 1 ms before the first forward: step overhead
+        _x(tid, "model fwd", "forward", t0 + 3, 4, mb=0, samples=1),
+        _x(tid, "model bwd", "backward", t0 + 7.5, 6, mb=0),  # 0.5 ms gap: backward's work
+        _x(tid, "model fwd", "forward", t0 + 14, 8, mb=1, samples=2),  # 0.5 ms: forward's
+        _x(tid, "model bwd", "backward", t0 + 22, 12, mb=1),
+        # the untraced non-finite guard (waiting for the other rank) sits in this gap
+        _x(tid, "all-reduce grads", "comm", t0 + 34 + tail_gap, allreduce_ms),
+        _x(tid, "optimizer", "optimizer", t0 + 34 + tail_gap + allreduce_ms, 3),
+    ]
+
+
+def _mono_trace(steps=4):
+    events = [_meta(0, "rank 0: model[0]"), _meta(1, "rank 1: model[1]")]
+    for k in range(steps):
+        t0 = 100.0 * k
+        events += _mono_step(0, k, t0, tail_gap=1.0 if k % 2 else 9.0, allreduce_ms=2.0)
+        events += _mono_step(1, k, t0, tail_gap=9.0 if k % 2 else 1.0, allreduce_ms=2.5)
+    return {"traceEvents": events}
+
+
+def _mono_feats(step, rank, mb):
+    n = 1.0 + mb
+    return {"samples": n, "tokens": 10.0 * n + step, "tokens_padded": 12.0 * n}
+
+
+def test_monolithic_traces_fit_the_whole_model_record():
+    prof = profile_from_trace(
+        _trace(),
+        skip_steps=1,
+        param_bytes={"student": 800.0},
+        monolithic=[(_mono_trace(), _mono_feats)],
+    )
+    rec = prof["monolithic"]
+    assert len(rec["rows"]) == 3 * 2 * 2  # 3 steps x 2 ranks x 2 micro-batches
+    by_n = {}
+    for r in rec["rows"]:
+        by_n.setdefault(r["features"]["samples"], set()).add(
+            (round(r["forward_s"] * 1e3, 6), round(r["forward_backward_s"] * 1e3, 6))
+        )
+    # forward: its span (+ the Python before it after the first); backward: span + gap
+    assert by_n == {1.0: {(4.0, 10.5)}, 2.0: {(8.5, 20.5)}}
+    # tail: the rank reaching the guard last waits least (1 ms), + the optimizer (3 ms)
+    assert rec["optimizer_s"] == pytest.approx(4e-3)
+    assert rec["allreduce_s"] == {"2": pytest.approx(2e-3)}
+    # overhead: batch (2 ms) + 1 ms before the first forward + the fastest gap between
+    # steps (time in no span; rank 1 after its 9 ms guard gap and 2.5 ms all-reduce:
+    # 100 - 34 - 9 - 2.5 - 3 = 51.5 ms), as for section traces
+    assert rec["step_overhead_s"] == pytest.approx((3 + 51.5) * 1e-3)
+    assert rec["max_micro_batch"] == 2.0
+    assert rec["param_bytes"] == 800.0
+    cm = MeasuredCostModel.from_profile(prof)
+    w = cm.whole_model
+    f, b = w.times({"samples": 2.0, "tokens": 21.0, "tokens_padded": 24.0})
+    assert f == pytest.approx(8.5e-3, rel=0.05) and f + b == pytest.approx(20.5e-3, rel=0.05)
+    assert w.tail(2) == pytest.approx(6e-3)
+    assert w.tail(1) == pytest.approx(4e-3)  # one rank: no all-reduce
+    # other world sizes: a ring over the link for the gradient bytes
+    ring = 2 * 3 / 4 * 800.0 / w.link_bw + 2 * 3 * w.link_latency
+    assert w.tail(4) == pytest.approx(4e-3 + ring)
+
+
+def _whole_model_cm():
+    from maestro.costmodel import WholeModelFit
+
+    huge = LinearFit({"const": 1e6})  # per-section fits a monolithic layout must not use
+    return MeasuredCostModel(
+        forward={"t": huge, "s": huge},
+        forward_backward={"s": huge},
+        optimizer_s={"s": 1e6},
+        step_overhead=1e6,
+        contention=0.5,
+        whole_model=WholeModelFit(
+            forward=LinearFit({"const": 1.0, "samples": 2.0}),
+            forward_backward=LinearFit({"const": 2.0, "samples": 5.0}),
+            optimizer_s=0.5,
+            allreduce_s={2: 0.25},
+            step_overhead=0.125,
+        ),
+    )
+
+
+def test_a_monolithic_layout_is_priced_by_the_whole_model_fit():
+    from maestro.plan.steady import steady_state
+    from maestro.schedule import monolithic_schedule
+
+    samples = [SampleInfo(i, frozenset({"t", "s"}), {"tokens": 1.0}) for i in range(8)]
+    sections = [
+        SectionSpec("t", dp=2, micro_batch_size=2, frozen=True),
+        SectionSpec("s", inputs=("t",), dp=2, micro_batch_size=2),
+    ]
+    cm = _whole_model_cm()
+    sched = monolithic_schedule(samples, sections, cm, world_size=2, micro_batch_size=2)
+    # per rank 2 micro-batches of 2 samples: (1 + 4) forward + (2 + 10 - 5) backward each;
+    # then the tail at 2 ranks and the step overhead; contention is in the fit already
+    expected = 2 * 12.0 + 0.5 + 0.25 + 0.125
+    assert simulate(sched, samples, sections, cm).step_time == pytest.approx(expected)
+    res = steady_state(sched, samples, sections, cm, steps=3)
+    assert res.period == pytest.approx(expected)
+    assert res.step_ends == pytest.approx([expected * (k + 1) for k in range(3)])
+
+
+def test_replay_takes_contention_and_scheduler_time_from_the_cost_model():
+    samples, sections, cm = _kd_like()
+    sched = fifo_schedule(samples, sections)
+    explicit = replay_steps([(sched, samples)] * 3, sections, cm, contention=0.5, schedule_s=0.25)
+    cm.contention, cm.scheduler_s = 0.5, 0.25
+    implied = replay_steps([(sched, samples)] * 3, sections, cm)
+    assert implied.step_times == pytest.approx(explicit.step_times)
+    plain = replay_steps([(sched, samples)] * 3, sections, cm, contention=0.0, schedule_s=0.0)
+    assert implied.step_time > plain.step_time

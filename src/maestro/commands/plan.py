@@ -77,10 +77,13 @@ def run(args: argparse.Namespace) -> int:
     # a run config's plan must be runnable (disjoint sections or the whole model per rank) and
     # is for a fixed number of processes: the fastest step; scenarios: fewest GPU-hours
     run = wl.config is not None
+    # (maestro.runtime's monolithic layout shards the batch in data order, so a run config's
+    # monolithic candidates are scored that way too)
     opts = SearchOptions(
         simulate_top=args.simulate_top,
         colocate=not run,
         objective="step_time" if run else "gpu_hours",
+        balance_monolithic=not run,
     )
     c = compare(wl, wl.gpus, opts)
     print(format_comparison(wl.label, wl.gpus, c))

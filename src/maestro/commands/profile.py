@@ -32,7 +32,16 @@ def register(sub) -> None:
         "overheads, transfers, optimizer, contention; maestro.sim.calibrate)",
     )
     p.add_argument("--steps", type=int, default=6, help="--from-run: steps per run (default 6)")
-    p.add_argument("--runs", type=int, default=1, help="--from-run: traced runs (default 1)")
+    p.add_argument(
+        "--runs", type=int, default=1, help="--from-run: traced runs per layout (default 1)"
+    )
+    p.add_argument(
+        "--micro-batches",
+        default=None,
+        help="--from-run: run every section at each of these micro-batch sizes, and the "
+        "monolithic layout too, e.g. 1,2,4,8 (fits per-sample and per-micro-batch costs, "
+        "and the monolithic runtime's own; the planner stays within the largest)",
+    )
     p.add_argument(
         "--seed", type=int, default=None, help="--from-run: data seed (default: the config's)"
     )
@@ -61,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
                 f"--seq-lens must be comma-separated integers, got {args.seq_lens!r}"
             ) from None
     cfg = load(args.config)
+    if args.micro_batches is not None and not args.from_run:
+        raise ValueError("--micro-batches needs --from-run (compute-only profiles use --sizes)")
     if args.from_run:
         return _from_run(cfg, args)
     prof = profile_config(
@@ -96,7 +107,22 @@ def _from_run(cfg, args: argparse.Namespace) -> int:
     from maestro.costmodel import MeasuredCostModel
     from maestro.sim.calibrate import run_and_profile
 
-    prof = run_and_profile(cfg, steps=args.steps, seed=args.seed, runs=args.runs)
+    mbs = None
+    if args.micro_batches is not None:
+        try:
+            mbs = [int(x) for x in args.micro_batches.split(",")]
+        except ValueError:
+            raise ValueError(
+                f"--micro-batches must be comma-separated integers, got {args.micro_batches!r}"
+            ) from None
+    prof = run_and_profile(
+        cfg,
+        steps=args.steps,
+        seed=args.seed,
+        runs=args.runs,
+        micro_batches=mbs,
+        monolithic=mbs is not None,
+    )
     with open(args.out, "w") as f:
         json.dump(prof, f, indent=1)
     cm = MeasuredCostModel.from_profile(prof)
@@ -105,10 +131,21 @@ def _from_run(cfg, args: argparse.Namespace) -> int:
         keys = sorted(cm.forward[name].coef)
         opt = rec["optimizer_s"] * 1e3
         print(f"{name:<12}{len(rec['rows']):>5}  {','.join(keys):<24}{opt:>13.2f}")
+    if cm.whole_model is not None:
+        w = cm.whole_model
+        print(
+            f"{'monolithic':<12}{len(prof['monolithic']['rows']):>5}  "
+            f"{','.join(sorted(k for k in w.forward.coef if k != 'const')):<24}"
+            f"{w.optimizer_s * 1e3:>13.2f}"
+        )
+    if mbs is not None:
+        print(f"micro-batch sizes run: {','.join(map(str, mbs))} (the planner stays within them)")
     print(
         f"step overhead {prof['step_overhead_s'] * 1e3:.2f} ms, scheduler "
         f"{prof['scheduler_s'] * 1e3:.2f} ms, contention {prof['contention']:.2f} per other "
         "busy rank"
     )
-    print(f"wrote {args.out} ({len(cm.forward)} sections fitted from {args.runs} run(s))")
+    print(
+        f"wrote {args.out} ({len(cm.forward)} sections fitted from {args.runs} run(s) per layout)"
+    )
     return 0
