@@ -53,31 +53,45 @@ def _below(state, bound):
 
 
 @numba.njit(inline="always", **_JIT)
-def _sample_row(indices, eid, has_eid, start, deg, k, key, i, cols, eids, o):
-    """Write ``min(deg, k)`` distinct uniform entries of one CSR row to ``cols[o:]``/``eids[o:]``.
+def _row_positions(deg, k, key, i, pos, o):
+    """Write ``min(deg, k)`` distinct uniform positions in ``[0, deg)`` of row ``i`` to ``pos[o:]``.
 
     Floyd's algorithm picks ``k`` distinct positions of the row in ``k`` draws; the
-    membership scan is over at most ``k`` entries, cheap for GNN fanouts.
+    membership scan is over at most ``k`` entries, cheap for GNN fanouts. Reads no graph data.
     """
     if k < 0 or deg <= k:
         for j in range(deg):
-            cols[o + j] = indices[start + j]
-            eids[o + j] = eid[start + j] if has_eid else start + j
+            pos[o + j] = j
         return
     state = _mix(key ^ (np.uint64(i) * _GOLDEN))
-    # Floyd: positions are stored in eids[o:o+k] first, then mapped to ids
     for m in range(k):
         j = deg - k + m
         state, r = _below(state, j + 1)
         for q in range(m):
-            if eids[o + q] == r:
+            if pos[o + q] == r:
                 r = j
                 break
-        eids[o + m] = r
-    for m in range(k):
-        p = start + eids[o + m]
-        cols[o + m] = indices[p]
-        eids[o + m] = eid[p] if has_eid else p
+        pos[o + m] = r
+
+
+@numba.njit(inline="always", **_JIT)
+def _map_row(indices, eid, has_eid, start, lo, hi, cols, eids):
+    """Turn the row positions in ``eids[lo:hi]`` into neighbour ids and edge ids."""
+    for e in range(lo, hi):
+        p = start + eids[e]
+        cols[e] = indices[p]
+        eids[e] = eid[p] if has_eid else p
+
+
+@numba.njit(inline="always", **_JIT)
+def _fill_rows(indices, eid, has_eid, starts, degs, k, key, offs, cols, eids, lo, hi):
+    """Sample rows ``lo..hi`` in two passes: first every row's positions (no graph reads), then
+    the graph reads, which no longer wait on each other's random draws, so the CPU keeps many
+    of these cache misses in flight (2x faster on products-like, bench/serving_path.py)."""
+    for i in range(lo, hi):
+        _row_positions(degs[i], k, key, i, eids, offs[i])
+    for i in range(lo, hi):
+        _map_row(indices, eid, has_eid, starts[i], offs[i], offs[i + 1], cols, eids)
 
 
 @numba.njit(parallel=True, **_JIT)
@@ -98,14 +112,16 @@ def _rows_serial(indptr, targets, starts, degs):
 
 @numba.njit(parallel=True, **_JIT)
 def _fill_parallel(indices, eid, has_eid, starts, degs, k, key, offs, cols, eids):
-    for i in prange(starts.shape[0]):
-        _sample_row(indices, eid, has_eid, starts[i], degs[i], k, key, i, cols, eids, offs[i])
+    nt = starts.shape[0]
+    chunks = min(nt, 64)
+    for c in prange(chunks):
+        lo, hi = nt * c // chunks, nt * (c + 1) // chunks
+        _fill_rows(indices, eid, has_eid, starts, degs, k, key, offs, cols, eids, lo, hi)
 
 
 @numba.njit(**_JIT)
 def _fill_serial(indices, eid, has_eid, starts, degs, k, key, offs, cols, eids):
-    for i in range(starts.shape[0]):
-        _sample_row(indices, eid, has_eid, starts[i], degs[i], k, key, i, cols, eids, offs[i])
+    _fill_rows(indices, eid, has_eid, starts, degs, k, key, offs, cols, eids, 0, starts.shape[0])
 
 
 @numba.njit(**_JIT)
@@ -158,8 +174,7 @@ def row_offsets(degs, k):
 @numba.njit(**_JIT)
 def fill_range(indices, eid, has_eid, starts, degs, k, key, offs, cols, eids, lo, hi):
     """Sample rows ``lo..hi`` of a hop; row ``i`` draws from stream ``(key, i)`` as always."""
-    for i in range(lo, hi):
-        _sample_row(indices, eid, has_eid, starts[i], degs[i], k, key, i, cols, eids, offs[i])
+    _fill_rows(indices, eid, has_eid, starts, degs, k, key, offs, cols, eids, lo, hi)
 
 
 @numba.njit(**_JIT)
