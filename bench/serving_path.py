@@ -5,10 +5,12 @@ side by side, interleaved on the same batches, with wall and process-CPU ms and 
     flock -x /tmp/bench.lock .venv/bin/python bench/serving_path.py --data data/products-like \
         --checkpoint data/products-like/sage.pt
 
-"before" is the code as of commit 80880e3: the gather writes into a fresh output tensor, and
-the SAGE layers compute ``lin_l(agg / deg) + lin_r(x_dst)`` and ``relu`` out of place. "after"
-is the library as it is: outputs from the feature store's recycled buffers, in-place division,
-``addmm`` accumulation and in-place ``relu`` under inference mode. Logits are checked equal.
+"before" is the code as of commit 80880e3: the sampler's kernel module of that commit (read
+from git; rows sampled one by one), the gather writing into a fresh output tensor, and SAGE
+layers computing ``lin_l(agg / deg) + lin_r(x_dst)`` and ``relu`` out of place. "after" is the
+library as it is: two-pass row sampling, outputs from recycled buffers, in-place division,
+``addmm`` accumulation and in-place ``relu`` under inference mode. Samples, features and
+logits are checked equal.
 """
 
 from __future__ import annotations
@@ -22,6 +24,30 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
+
+BEFORE = "80880e3"
+
+
+def before_kernel():
+    """The sampler's numba kernel module as of ``BEFORE``, imported from git history."""
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    src = subprocess.run(
+        ["git", "show", f"{BEFORE}:src/quiver/sampling/_cpu_kernel.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=os.path.dirname(os.path.abspath(__file__)),
+    ).stdout
+    path = os.path.join(tempfile.mkdtemp(), "before_kernel.py")
+    with open(path, "w") as f:
+        f.write(src.replace("cache=True", "cache=False"))
+    spec = importlib.util.spec_from_file_location("before_kernel", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def faults() -> int:
@@ -85,7 +111,19 @@ def main() -> int:
     feat = Feature(0, [], 0, csr_topo=ds.topo, sizes=fanouts, host_cache_size=nbytes)
     feat.from_mmap(os.path.join(args.data, "features.npy"))
     print(f"feature store built in {time.perf_counter() - t0:.1f} s: {feat}")
-    sampler = GraphSageSampler(ds.topo, fanouts, seed=0)
+    import quiver.sampling.cpu as cpu_sampler
+
+    kernels = (before_kernel(), cpu_sampler.K)
+    # the same seed and call numbers: "before" and "after" must draw the same subgraphs
+    samplers = [GraphSageSampler(ds.topo, fanouts, seed=0) for _ in kernels]
+
+    def sample(v, seeds):
+        cpu_sampler.K = kernels[v]  # the sampler looks its kernel module up at call time
+        try:
+            return samplers[v].sample(seeds)
+        finally:
+            cpu_sampler.K = kernels[1]
+
     # stages run on their own threads, as in the engine: a worker thread's large allocations
     # come from its own malloc arena (or mmap), not from the main thread's heap
     sample_thread = ThreadPoolExecutor(1, thread_name_prefix="sampler")
@@ -113,16 +151,20 @@ def main() -> int:
         f"{'cpu ratio':>9} {'kflt bef':>8} {'kflt aft':>7}"
     )
     for b in (int(v) for v in args.batches.split(",")):
-        wall = {k: 0.0 for k in ("sample", "gather0", "gather1", "model0", "model1")}
+        wall = {k: 0.0 for k in ("sample0", "sample1", "gather0", "gather1", "model0", "model1")}
         cpu, flt = dict(wall), dict(wall)
         nodes = 0
         for r in range(args.reps + 1):  # the first batch warms up and is not counted
             seeds = torch.from_numpy(np.unique(rng.integers(0, ds.num_nodes, b)))
-            steps = {}
-            (n_id, _, adjs), steps["sample"] = timed(sample_thread, sampler.sample, seeds)
-            xs, outs = {}, {}
+            steps, xs, outs, subs = {}, {}, {}, {}
             # alternate which variant goes first, so neither always runs on a warmer cache
             order = (0, 1) if r % 2 else (1, 0)
+            for v in order:
+                subs[v], steps[f"sample{v}"] = timed(sample_thread, sample, v, seeds)
+            n_id, _, adjs = subs[1]
+            assert torch.equal(n_id, subs[0][0]) and all(
+                torch.equal(a[0], b[0]) for a, b in zip(adjs, subs[0][2])
+            )
             for v in order:
                 fn = before_gather if v == 0 else feat.__getitem__
                 xs[v], steps[f"gather{v}"] = timed(sample_thread, fn, n_id)
@@ -142,7 +184,7 @@ def main() -> int:
         kflt = {k: v / 1e3 / args.reps for k, v in flt.items()}
         cms = {k: v * 1e3 / args.reps for k, v in cpu.items()}
         rows = [
-            ("sample", "sample", "sample"),
+            ("sample", "sample0", "sample1"),
             ("gather", "gather0", "gather1"),
             ("model", "model0", "model1"),
         ]
