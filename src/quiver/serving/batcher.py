@@ -7,6 +7,7 @@ A batch closes when its seed count reaches ``max_batch_nodes``, its summed PSGS 
 
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -17,6 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from quiver.serving.config import OUTPUTS, ServeConfig
+
+#: Floor of the in-flight admission limit: a burst this large is always let in (when the queue
+#: is not otherwise past its deadline budget), so light load with bursty clients is not shed.
+MIN_IN_FLIGHT = 32
+#: The in-flight limit targets a mean time to answer of this share of the SLO (Little's law).
+IN_FLIGHT_SLO_SHARE = 0.7
+#: Time constant (s) with which the remembered peak drain rate decays.
+PEAK_RATE_DECAY_S = 10.0
 
 
 class Overloaded(RuntimeError):
@@ -104,6 +113,10 @@ class DynamicBatcher:
         self._closed = False
         self._service: deque[float] = deque(maxlen=32)  # recent pick-up-to-answer seconds
         self.service_s = 0.0  # their median (robust to a warm-up or GC outlier); 0: none yet
+        self._picked: deque[tuple[float, int]] = deque()  # (time, requests) of recent pick-ups
+        self._picked_sum = 0  # requests in _picked
+        self._peak_rate, self._peak_at = 0.0, 0.0  # highest recent drain rate and when
+        self._in_flight = 0  # admitted requests whose future is not done yet
 
     def observe_service(self, seconds: float) -> None:
         """Record one batch's pick-up-to-answer time; ``service_s`` is the median of the last 32."""
@@ -120,12 +133,73 @@ class DynamicBatcher:
         slo = self.cfg.slo_ms / 1e3
         return max(slo - self.service_s, self.service_s)
 
+    def drain_rate(self, now: float) -> float | None:
+        """Requests per second taken into batches over the last second; None with < 2 batches.
+
+        Under overload this is the server's capacity.
+        """
+        while self._picked and now - self._picked[0][0] > 1.0:
+            self._picked_sum -= self._picked.popleft()[1]
+        if len(self._picked) < 2 or now <= self._picked[0][0]:
+            return None
+        return self._picked_sum / (now - self._picked[0][0])
+
+    def in_flight_limit(self, now: float) -> float:
+        """Most unanswered requests admitted at once (``inf`` until a drain rate is measured).
+
+        ``max(MIN_IN_FLIGHT, peak * slo * IN_FLIGHT_SLO_SHARE)`` with ``peak`` the highest
+        drain rate of the last ~10 s (it decays with that time constant). Under overload the
+        peak is the capacity, so by Little's law the limit holds the mean time to answer at
+        that share of the SLO. The peak, not the current rate, sets it: refusals lower the
+        current rate, and a limit that followed it would keep shrinking. The floor lets a burst
+        in at once under light load.
+        """
+        rate = self.drain_rate(now)
+        if rate is None and self._peak_rate == 0.0:
+            return math.inf
+        decay = math.exp(-(now - self._peak_at) / PEAK_RATE_DECAY_S)
+        if rate is not None and rate >= self._peak_rate * decay:
+            self._peak_rate, self._peak_at = rate, now
+        peak = max(rate or 0.0, self._peak_rate * decay)
+        return max(MIN_IN_FLIGHT, peak * self.cfg.slo_ms * IN_FLIGHT_SLO_SHARE / 1e3)
+
+    def _finished(self, _future) -> None:
+        with self._cond:
+            self._in_flight -= 1
+
     def too_late(self, req: Request, now: float) -> bool:
         """Whether ``req`` has queued too long to be answered in time (when shedding is on)."""
         # no shedding before the first batch is timed: the bound needs a service estimate
         if not self.cfg.shed_late or self.service_s == 0.0:
             return False
         return now - req.arrival > self.max_queue_s()
+
+    def refusal(self, now: float) -> str | None:
+        """Why a request arriving now would be refused as overload (None: it would be admitted).
+
+        Safe to call without the lock for an early answer (the HTTP fast path asks before it
+        parses a body); ``submit`` asks again under the lock.
+        """
+        if len(self._queue) >= self.cfg.queue_capacity:
+            return f"queue full ({self.cfg.queue_capacity} requests); retry later"
+        if not self.cfg.shed_late:
+            return None
+        queue = self._queue
+        if queue and self.too_late(queue[0], now):
+            # a standing queue: the oldest request already waited past the bound, so a new
+            # one would too; refusing now is faster for the client than shedding it later
+            return (
+                f"overloaded: queued requests wait {(now - queue[0].arrival) * 1e3:.0f} ms, "
+                f"past the {self.cfg.slo_ms:g} ms deadline budget; retry later"
+            )
+        if self._in_flight >= self.in_flight_limit(now):
+            # Little's law: at the measured capacity more unanswered requests would only
+            # queue. Refusing at the door is quick; refusing after a wait (at pick-up) is slow.
+            return (
+                f"overloaded: {self._in_flight} requests in flight, the most that keep the "
+                f"{self.cfg.slo_ms:g} ms deadline at this server's rate; retry later"
+            )
+        return None
 
     def submit(self, nodes, output: str = "class") -> Request:
         """Validate and enqueue; raises ``ValueError``, ``Overloaded`` or ``ShuttingDown``."""
@@ -139,16 +213,11 @@ class DynamicBatcher:
         with self._cond:
             if self._closed:
                 raise ShuttingDown("server is shutting down")
-            if len(self._queue) >= self.cfg.queue_capacity:
-                raise Overloaded(f"queue full ({self.cfg.queue_capacity} requests); retry later")
-            if self._queue and self.too_late(self._queue[0], now):
-                # a standing queue: the oldest request already waited past the bound, so a new
-                # one would too; refusing now is faster for the client than shedding it later
-                waited = (now - self._queue[0].arrival) * 1e3
-                raise Overloaded(
-                    f"overloaded: queued requests wait {waited:.0f} ms, past the "
-                    f"{self.cfg.slo_ms:g} ms deadline budget; retry later"
-                )
+            refusal = self.refusal(now)
+            if refusal is not None:
+                raise Overloaded(refusal)
+            self._in_flight += 1
+            req.future.add_done_callback(self._finished)
             self._queue.append(req)
             self._cond.notify()
         return req
@@ -202,5 +271,7 @@ class DynamicBatcher:
                         self._cond.wait(remaining)
                         continue
                 break
+            self._picked.append((time.perf_counter(), len(taken)))
+            self._picked_sum += len(taken)
         seeds = np.concatenate([r.nodes for r in taken])
         return Batch(taken, seeds, psgs, stop)

@@ -212,6 +212,16 @@ class Engine:
     def queue_depth(self) -> int:
         return self.batcher.depth()
 
+    def refusal(self) -> str | None:
+        """Why a request arriving now would get 429 (None: it would be admitted); counted.
+
+        A cheap early answer for a front end under overload, before it parses the request.
+        """
+        why = self.batcher.refusal(time.perf_counter())
+        if why is not None:
+            self.metrics.rejected.labels("overloaded").inc()
+        return why
+
     def feature_stats(self) -> dict:
         stats = getattr(self.features, "stats", None)
         if not callable(stats):

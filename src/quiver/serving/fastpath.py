@@ -8,6 +8,8 @@ well-formed prediction request itself: parse the JSON, check the shape, submit t
 write the response. Anything it does not recognise as well formed (bad JSON, a wrong type, an
 unexpected field, an oversized or non-JSON body) is handed, with the body it already read, to
 the FastAPI app behind it, so every error keeps the one shape and message the app defines.
+Under overload it refuses with 429 before parsing at all (so a malformed request may get 429
+rather than 4xx then): a refusal must cost much less than an answer, or shedding load adds load.
 """
 
 from __future__ import annotations
@@ -127,11 +129,15 @@ class PredictFastPath:
                 await self.app(scope, _replay(chunks, receive, more=True), send)
                 return
         body = b"".join(chunks)
-        parsed = parse(body) if size <= self.max_body_bytes else None
-        if parsed is None:
-            await self.app(scope, _replay([body], receive, more=False), send)
-            return
-        status, payload = await answer(self.engine, *parsed)
+        why = self.engine.refusal()
+        if why is not None:  # overloaded: refuse before paying for parsing and validation
+            status, payload = 429, {"error": why}
+        else:
+            parsed = parse(body) if size <= self.max_body_bytes else None
+            if parsed is None:
+                await self.app(scope, _replay([body], receive, more=False), send)
+                return
+            status, payload = await answer(self.engine, *parsed)
         data = dumps(payload)
         headers = [*_JSON_HEADERS, (b"content-length", b"%d" % len(data))]
         await send({"type": "http.response.start", "status": status, "headers": headers})

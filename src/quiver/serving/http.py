@@ -55,8 +55,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def spawn_serve(dataset_dir, checkpoint, *extra: str, port: int | None = None):
+def spawn_serve(dataset_dir, checkpoint, *extra: str, port: int | None = None, nice: int = 0):
     """Start ``quiver serve`` as its own process on a loopback port.
+
+    ``nice`` > 0 lowers the server's CPU priority: a load generator on the same cores then
+    keeps sending on schedule instead of being starved by the server it measures.
 
     Returns ``(process, url)``; the process's stdout (with stderr) is a text pipe. The caller
     waits with ``quiver.serving.client.wait_until_ready(url, proc=process)`` and stops it with
@@ -78,5 +81,13 @@ def spawn_serve(dataset_dir, checkpoint, *extra: str, port: int | None = None):
         str(port),
         *extra,
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    import os
+
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=(lambda: os.nice(nice)) if nice else None,
+    )
     return proc, f"http://127.0.0.1:{port}"

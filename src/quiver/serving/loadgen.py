@@ -117,16 +117,22 @@ async def run_open_loop(
             reject_ms.append((loop.time() - (t0 + at)) * 1e3)
 
     await asyncio.gather(*(one(n, a) for n, a in zip(requests, arrivals)))
-    duration = loop.time() - t0
+    return _summary(
+        rate, len(requests), status_counts, latencies, reject_ms, send_lag_ms, answered_nodes,
+        loop.time() - t0,
+    )  # fmt: skip
+
+
+def _summary(rate, sent, counts, latencies, reject_ms, send_lag_ms, answered_nodes, duration):
     lat = np.array(latencies) if latencies else np.array([np.nan])
-    answered = status_counts["ok"] + status_counts["late"]
+    answered = counts["ok"] + counts["late"]
     return LoadResult(
         offered_rps=rate,
-        sent=len(requests),
-        ok=status_counts["ok"],
-        late=status_counts["late"],
-        rejected=status_counts["rejected"],
-        errors=status_counts["error"],
+        sent=sent,
+        ok=counts["ok"],
+        late=counts["late"],
+        rejected=counts["rejected"],
+        errors=counts["error"],
         duration_s=duration,
         throughput_rps=answered / duration,
         nodes_per_s=answered_nodes / duration,
@@ -136,6 +142,84 @@ async def run_open_loop(
         reject_p99_ms=float(np.percentile(reject_ms, 99)) if reject_ms else float("nan"),
         send_lag_p99_ms=float(np.percentile(send_lag_ms, 99)) if send_lag_ms else 0.0,
     )
+
+
+async def run_open_loop_http(
+    url: str, requests: list[list[int]], rate: float, seed: int = 0, timeout_s: float = 60.0
+) -> LoadResult:
+    """``run_open_loop`` against ``{url}/v1/predict`` with the lean client of
+    ``quiver.serving.rawclient``: the same arrivals for a seed, a fraction of the client CPU.
+
+    Requests are encoded before the clock starts; each is written at its scheduled time on an
+    idle keep-alive connection (a new one when none is idle). Answers still missing
+    ``timeout_s`` after the last send count as errors.
+    """
+    import functools
+    import json
+    from urllib.parse import urlsplit
+
+    from quiver.serving.rawclient import RawHTTPPool, encode_post
+
+    if rate <= 0:
+        raise ValueError(f"rate must be > 0 requests/s, got {rate}")
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    path = parts.path.rstrip("/") + "/v1/predict"
+    payloads = [
+        encode_post(f"{host}:{port}", path, json.dumps({"nodes": n}).encode()) for n in requests
+    ]
+    rng = np.random.default_rng(seed + 1)
+    arrivals = np.cumsum(rng.exponential(1.0 / rate, size=len(requests))).tolist()
+    latencies: list[float] = []
+    reject_ms: list[float] = []
+    send_lag_ms: list[float] = []
+    counts = {"ok": 0, "late": 0, "rejected": 0, "error": 0}
+    answered_nodes = 0
+    pending = len(requests)
+    loop = asyncio.get_running_loop()
+    all_done = loop.create_future()
+    pool = RawHTTPPool(host, port)
+
+    def finish(at: float, n: int, status: int, body: bytes) -> None:
+        nonlocal answered_nodes, pending
+        if all_done.done():  # after the timeout: already counted as an error
+            return
+        ms = (loop.time() - at) * 1e3
+        if status == 200:
+            late = b'"late":true' in body or b'"late": true' in body
+            counts["late" if late else "ok"] += 1
+            latencies.append(ms)
+            answered_nodes += n
+        elif status == 429:
+            counts["rejected"] += 1
+            reject_ms.append(ms)
+        else:
+            counts["error"] += 1
+        pending -= 1
+        if pending == 0 and not all_done.done():
+            all_done.set_result(None)
+
+    t0 = loop.time()
+    try:
+        for data, nodes, offset in zip(payloads, requests, arrivals):
+            at = t0 + offset
+            delay = at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            send_lag_ms.append(max(0.0, loop.time() - at) * 1e3)
+            pool.request(data, functools.partial(finish, at, len(nodes)))
+        if pending:
+            try:
+                await asyncio.wait_for(asyncio.shield(all_done), timeout_s)
+            except asyncio.TimeoutError:
+                counts["error"] += pending  # never answered
+                all_done.set_result(None)
+    finally:
+        pool.close()
+    return _summary(
+        rate, len(requests), counts, latencies, reject_ms, send_lag_ms, answered_nodes,
+        loop.time() - t0,
+    )  # fmt: skip
 
 
 def engine_target(engine) -> Target:
