@@ -23,6 +23,8 @@ Run: ``.venv/bin/python bench/maestro_plan.py [--part sim] [--gpus 64,256,1024]`
 from __future__ import annotations
 
 import argparse
+import json
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -141,9 +143,8 @@ def validate_part(
     from maestro.costmodel import MeasuredCostModel
     from maestro.plan import SearchOptions, plan_maestro
     from maestro.runtime.launch import RunOptions, launch
-    from maestro.schedule import get_scheduler, monolithic_schedule
+    from maestro.sim.calibrate import replay_run
     from maestro.sim.profile import profile_config
-    from maestro.sim.replay import replay_steps
     from maestro.workloads import get_workload
 
     if from_run:
@@ -157,9 +158,10 @@ def validate_part(
     print(f"\n== this machine, 2 ranks: planned layout vs the hand-written ones (s/step); {src}")
     print(f"load average at start {os.getloadavg()[0]:.2f}")
     print(
-        f"{'config':<10}{'layout':<58}{'predicted':>10}{'measured':>10}{'error':>8}"
+        f"{'config':<10}{'layout':<58}{'raw':>6}{'predicted':>10}{'measured':>10}{'error':>8}"
         "  runs (s/step, interleaved)"
     )
+    tmp = tempfile.mkdtemp(prefix="maestro_plan_")
     for fname in ("kd.toml", "mllm.toml"):
         cfg = load(EXAMPLES / fname)
         cfg.steps = steps
@@ -177,9 +179,19 @@ def validate_part(
                 monolithic=bool(micro_batches),
                 scheduler="wavefront" if micro_batches else None,
             )
-            cm = MeasuredCostModel.from_profile(prof)
         else:
-            cm = MeasuredCostModel.from_profile(profile_config(cfg, repeats=2))
+            prof = profile_config(cfg, repeats=2)
+        cm = MeasuredCostModel.from_profile(prof)
+        if prof.get("step_scale"):
+            print(
+                f"{fname}: step correction (measured / replayed, profiling runs) "
+                + ", ".join(f"{k} {v:.3f}" for k, v in prof["step_scale"].items())
+            )
+        # the planned run schedules with the profile it was planned on (``cost_profile``), so
+        # its wavefront schedule is the one the planner scored (without one, the runtime
+        # estimates costs from FLOPs)
+        prof_path = Path(tmp) / f"{fname}.profile.json"
+        prof_path.write_text(json.dumps(prof))
         wl = get_workload(cfg)
         samples = wl.sample_infos(wl.batch(0), wl.graph(build=[]))
         # what the runtime can run on 2 processes (disjoint sections, or the whole model on
@@ -194,6 +206,7 @@ def validate_part(
             ).micro_batch_size
         else:
             planned.scheduler = "wavefront"
+            planned.cost_profile = str(prof_path)
             for n, sp in plan.sections.items():
                 planned.sections[n].dp = sp.dp
                 planned.sections[n].micro_batch_size = sp.micro_batch_size
@@ -209,26 +222,11 @@ def validate_part(
                 res = launch(c, 2, RunOptions(progress=False, device="cpu", monolithic=mono))
                 runs.setdefault(label, []).append(res["elapsed_s"] / res["measured_steps"])
         # predicted: what a run measures (``launch``'s elapsed over the steps after the
-        # warm-up, from a common barrier, each step its own batch), replayed on the profile
-        batches = [wl.sample_infos(wl.batch(k), wl.graph(build=[])) for k in range(1, steps)]
+        # warm-up, from a common barrier, each step its own batch), replayed on the profile;
+        # raw, and with the step-level correction fitted on the profiling runs
         for label, c, mono in layouts:
-            specs = c.section_specs()
-            if mono:
-                world = sum(s.dp for s in specs)
-                specs = [replace(s, dp=world) for s in specs]
-                scheds = [
-                    monolithic_schedule(
-                        b,
-                        specs,
-                        cm,
-                        world_size=world,
-                        micro_batch_size=c.monolithic_micro_batch_size,
-                    )
-                    for b in batches
-                ]
-            else:
-                scheds = [get_scheduler(c.scheduler)(b, specs, cm) for b in batches]
-            pred = replay_steps(list(zip(scheds, batches)), specs, cm).step_time
+            raw = replay_run(cm, c, mono)
+            pred = replay_run(cm, c, mono, corrected=True)
             if mono:
                 lay = f"monolithic mbs={c.monolithic_micro_batch_size}"
             else:
@@ -240,7 +238,7 @@ def validate_part(
                 )
             med = statistics.median(runs[label])
             print(
-                f"{fname:<10}{label + ': ' + lay:<58}{pred:>10.3f}{med:>10.3f}"
+                f"{fname:<10}{label + ': ' + lay:<58}{raw:>6.3f}{pred:>10.3f}{med:>10.3f}"
                 f"{100 * (pred - med) / med:>+7.1f}%  " + " ".join(f"{t:.3f}" for t in runs[label]),
                 flush=True,
             )

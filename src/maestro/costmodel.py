@@ -432,6 +432,10 @@ class MeasuredCostModel(CostModel):
             runs; ``maestro.sim.replay`` adds it to a section layout's step).
         whole_model: the monolithic runtime's own fit (see ``WholeModelFit``), when the
             profile has one.
+        step_scale: layout kind (``"sections"``, ``"monolithic"``) -> measured over
+            replayed step time of the profiling runs (``maestro.sim.calibrate``): a
+            step-level correction ``maestro.sim.replay`` applies for what it does not model;
+            empty for an isolated profile.
     """
 
     forward: dict[str, LinearFit]
@@ -446,6 +450,7 @@ class MeasuredCostModel(CostModel):
     contention: float = 0.0
     scheduler_s: float = 0.0
     whole_model: WholeModelFit | None = None
+    step_scale: dict[str, float] = field(default_factory=dict)
 
     def forward_time(self, section: str, feats: Features) -> float:
         try:
@@ -478,10 +483,10 @@ class MeasuredCostModel(CostModel):
         The profile has ``{"sections": {name: {"rows": [{"features": {...}, "forward_s": x,
         "forward_backward_s": y (optional)}, ...], "bytes_per": {...}, "param_bytes": n,
         "optimizer_s": t, "max_micro_batch": m (optional)}}, "link_bw": ..., "link_latency":
-        ..., "step_overhead_s": t}``, and optionally ``"contention"``, ``"scheduler_s"`` and a
-        ``"monolithic"`` record (``WholeModelFit.from_record``), as profiles fitted from real
-        runs have (``maestro.sim.calibrate``). Features used for the fit are those that vary
-        across the section's rows.
+        ..., "step_overhead_s": t}``, and optionally ``"contention"``, ``"scheduler_s"``,
+        ``"step_scale"`` and a ``"monolithic"`` record (``WholeModelFit.from_record``), as
+        profiles fitted from real runs have (``maestro.sim.calibrate``). Features used for
+        the fit are those that vary across the section's rows.
         """
         if not isinstance(profile, Mapping):
             path = Path(profile)
@@ -530,6 +535,7 @@ class MeasuredCostModel(CostModel):
             whole_model=(
                 WholeModelFit.from_record(whole, link_bw, link_latency) if whole else None
             ),
+            step_scale={k: float(v) for k, v in profile.get("step_scale", {}).items()},
         )
 
 

@@ -390,3 +390,31 @@ def test_replay_takes_contention_and_scheduler_time_from_the_cost_model():
     assert implied.step_times == pytest.approx(explicit.step_times)
     plain = replay_steps([(sched, samples)] * 3, sections, cm, contention=0.0, schedule_s=0.0)
     assert implied.step_time > plain.step_time
+
+
+def test_step_scale_stretches_each_step_by_its_layout_kind():
+    from maestro.plan.steady import steady_state
+    from maestro.schedule import monolithic_schedule
+
+    samples, sections, cm = _kd_like()
+    sched = fifo_schedule(samples, sections)
+    plain = replay_steps([(sched, samples)] * 3, sections, cm)
+    cm.step_scale = {"sections": 1.5, "monolithic": 3.0}
+    scaled = replay_steps([(sched, samples)] * 3, sections, cm)
+    assert scaled.step_times == pytest.approx([1.5 * t for t in plain.step_times])
+    assert scaled.step_ends == pytest.approx([1.5 * e for e in plain.step_ends])
+    cm.step_scale = {}
+    bare_period = steady_state(sched, samples, sections, cm).period
+    cm.step_scale = {"sections": 1.5, "monolithic": 3.0}
+    # the planner's steady state carries the same correction
+    assert steady_state(sched, samples, sections, cm).period == pytest.approx(1.5 * bare_period)
+    # an explicit factor overrides the model's; a colocated step takes the monolithic one
+    assert replay_steps([(sched, samples)] * 3, sections, cm, step_scale=1.0).step_times == (
+        pytest.approx(plain.step_times)
+    )
+    mono = [SectionSpec(s.name, inputs=s.inputs, dp=2, frozen=s.frozen) for s in sections]
+    msched = monolithic_schedule(samples, mono, world_size=2, micro_batch_size=2)
+    bare = replay_steps([(msched, samples)], mono, cm, step_scale=1.0).step_time
+    assert replay_steps([(msched, samples)], mono, cm).step_time == pytest.approx(3.0 * bare)
+    with pytest.raises(ValueError, match="step_scale"):
+        replay_steps([(sched, samples)], sections, cm, step_scale=0.0)

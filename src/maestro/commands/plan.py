@@ -108,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {label:<54}{extra:>+9.2f}")
     if args.out is not None:
         plan = c.monolithic if args.monolithic else c.maestro
+        if wl.config is not None and args.profile is not None and not plan.monolithic:
+            # the run's wavefront scheduler then estimates costs with the profile the plan
+            # was scored on (without one it estimates them from FLOPs)
+            wl.config.cost_profile = str(Path(args.profile).resolve())
         Path(args.out).write_text(plan_toml(wl, plan))
         print(f"wrote {args.out} ({'monolithic' if args.monolithic else 'per-section'} plan)")
     return 0

@@ -530,6 +530,67 @@ def param_bytes_of(config) -> dict[str, float]:
     }
 
 
+def replay_run(cost_model, config, monolithic: bool, *, corrected: bool = False) -> float:
+    """Predicted seconds per step of ``launch(config)``: the steps after the warm-up, each
+    its own batch, from a common start, scheduled as the run schedules them (with the run's
+    own cost model, ``runtime.costs``), replayed on ``cost_model`` (``maestro.sim.replay``).
+
+    Args:
+        cost_model: the model to replay on.
+        config: the run config (its ``steps``, layout and scheduler).
+        monolithic: the run is ``--monolithic``.
+        corrected: apply the cost model's ``step_scale`` (else the bare replay).
+    """
+    from dataclasses import replace
+
+    from maestro.runtime.costs import runtime_cost_model
+    from maestro.schedule import get_scheduler, monolithic_schedule
+    from maestro.sim.replay import replay_steps
+    from maestro.workloads import get_workload
+
+    wl = get_workload(config)
+    graph = wl.graph(build=[])
+    batches = [wl.sample_infos(wl.batch(k), graph) for k in range(1, config.steps)]
+    specs = config.section_specs()
+    if monolithic:
+        world = sum(s.dp for s in specs)
+        specs = [replace(s, dp=world) for s in specs]
+        mbs = config.monolithic_micro_batch_size
+        scheds = [
+            monolithic_schedule(b, specs, world_size=world, micro_batch_size=mbs) for b in batches
+        ]
+    else:
+        rcm = runtime_cost_model(config, wl) if config.scheduler != "fifo" else None
+        scheds = [get_scheduler(config.scheduler)(b, specs, rcm) for b in batches]
+    scale = None if corrected else 1.0
+    return replay_steps(list(zip(scheds, batches)), specs, cost_model, step_scale=scale).step_time
+
+
+def _step_scale(prof: dict, measured) -> tuple[dict[str, float], list[dict]]:
+    """Measured over replayed seconds per step of the profiling runs themselves, per layout
+    kind (median): what the replay leaves out (e.g. messages delivered late while both
+    cores compute, ranks waiting on each other at a balanced pipeline). Applied by
+    ``maestro.sim.replay`` as a step-level correction; layouts validated against it must be
+    other runs than these."""
+    from maestro.costmodel import MeasuredCostModel
+
+    cm = MeasuredCostModel.from_profile(prof)
+    ratios: dict[str, list[float]] = defaultdict(list)
+    rows = []
+    for cfg, mono, res in measured:
+        got = res["elapsed_s"] / res["measured_steps"]
+        pred = replay_run(cm, cfg, mono)
+        kind = "monolithic" if mono else "sections"
+        ratios[kind].append(got / pred)
+        mbs = (
+            cfg.monolithic_micro_batch_size
+            if mono
+            else max(sc.micro_batch_size for sc in cfg.sections.values())
+        )
+        rows.append({"layout": kind, "micro_batch": mbs, "measured_s": got, "replayed_s": pred})
+    return {k: _median(v, 1.0) for k, v in ratios.items()}, rows
+
+
 def run_and_profile(
     config,
     *,
@@ -583,7 +644,7 @@ def run_and_profile(
     world = base.world_size
     seeds = iter(range(first, first + 10_000))
     with tempfile.TemporaryDirectory() as tmp:
-        traces, mono = [], []
+        traces, mono, measured = [], [], []
         for m in sizes:
             for _ in range(runs):
                 cfg = copy.deepcopy(base)
@@ -593,7 +654,8 @@ def run_and_profile(
                         sc.micro_batch_size = m
                 traces.append(Path(tmp) / f"trace{len(traces)}.json")
                 opts = RunOptions(progress=False, device="cpu", trace=str(traces[-1]))
-                launch(cfg, world, opts, timeout_s=timeout_s)
+                res = launch(cfg, world, opts, timeout_s=timeout_s)
+                measured.append((copy.deepcopy(cfg), False, res))
                 if monolithic:
                     mbs = m if m is not None else cfg.monolithic_micro_batch_size
                     cfg.seed = next(seeds)
@@ -602,7 +664,8 @@ def run_and_profile(
                     opts = RunOptions(
                         progress=False, device="cpu", trace=str(path), monolithic=True
                     )
-                    launch(cfg, world, opts, timeout_s=timeout_s)
+                    res = launch(cfg, world, opts, timeout_s=timeout_s)
+                    measured.append((copy.deepcopy(cfg), True, res))
                     mono.append((path, monolithic_features(cfg, world, mbs)))
         prof = profile_from_trace(
             traces,
@@ -613,6 +676,7 @@ def run_and_profile(
     if micro_batches is not None:
         for rec in prof["sections"].values():
             rec["max_micro_batch"] = max(sizes)
+    prof["step_scale"], prof["step_ratios"] = _step_scale(prof, measured)
     prof["run"] = {
         "steps": steps,
         "seed": first,
@@ -628,6 +692,7 @@ __all__ = [
     "BYTE_KEYS",
     "monolithic_features",
     "param_bytes_of",
+    "replay_run",
     "profile_from_trace",
     "run_and_profile",
 ]

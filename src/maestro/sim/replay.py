@@ -151,6 +151,7 @@ def replay_steps(
     schedule_s: Sequence[float] | float | None = None,
     gpus_per_node: int | None = None,
     contention: float | None = None,
+    step_scale: float | None = None,
 ) -> ReplayResult:
     """Replay ``steps`` (each a schedule and its batch) back to back with the runtime's rules.
 
@@ -170,6 +171,10 @@ def replay_steps(
             ``contention``, else 0: ranks do not slow each other). Not applied to a
             colocated step whose cost model has a ``whole_model`` fit (measured under the
             contention of a monolithic run already).
+        step_scale: multiplies every replayed step's duration (default: the cost model's
+            ``step_scale`` for the step's kind, ``"sections"`` or ``"monolithic"``, else 1):
+            a correction measured on real runs for what the replay does not model
+            (``maestro.sim.calibrate``).
     """
     if contention is None:
         contention = float(getattr(cost_model, "contention", 0.0))
@@ -237,7 +242,27 @@ def replay_steps(
         start = {n: (v if not frozen[n] else [max(e, prev_all) for e in v]) for n, v in end.items()}
         prev_all = ends[-1]
     bounds = [*begins[1:], ends[-1]]
-    return ReplayResult([b - a for a, b in zip(begins, bounds)], ends, busiest)
+    times = [b - a for a, b in zip(begins, bounds)]
+    scales = getattr(cost_model, "step_scale", None) or {}
+    factors = [
+        step_scale
+        if step_scale is not None
+        else scales.get("monolithic" if sched.colocated else "sections", 1.0)
+        for sched, _ in steps
+    ]
+    if any(f != 1.0 for f in factors):
+        if min(factors) <= 0:
+            raise ValueError(f"step_scale must be > 0, got {min(factors)}")
+        times = [t * f for t, f in zip(times, factors)]
+        # each step's end moves with the scaled durations before it
+        scaled, prev, prev_new = [], 0.0, 0.0
+        for e, f in zip(ends, factors):
+            prev_new += (e - prev) * f
+            prev = e
+            scaled.append(prev_new)
+        ends = scaled
+        busiest *= factors[-1]
+    return ReplayResult(times, ends, busiest)
 
 
 def _busiest(res: SimResult, colocated: bool) -> float:
