@@ -12,10 +12,13 @@ Two parts (``--part sim,validate``; both by default):
   match the monolithic throughput. Then the breakdown at 256 GPUs by ablation (one per-section
   freedom switched off at a time) and a text-only sweep; writes ``--plot`` (PNG).
 - ``validate``: on this machine, for each 2-rank example config (``examples/kd.toml``,
-  ``examples/mllm.toml``): profile the sections, plan 2 ranks (layouts the runtime runs:
-  disjoint sections or the whole model per rank; fastest step), run the planned config, the
-  hand-written one and the hand-written monolithic one for real (``maestro.runtime.launch``),
-  and print predicted (steady-state replay) vs measured step time.
+  ``examples/mllm.toml``): profile the sections (``--from-run``: traced real runs of the
+  sections and the monolithic layout at ``--micro-batches``; else compute-only), plan 2
+  ranks (layouts the runtime runs: disjoint sections or the whole model per rank; fastest
+  step), run the planned config, the hand-written one and the hand-written monolithic one
+  for real, interleaved (``maestro.runtime.launch``; median of ``--repeats``), and print
+  predicted (the measured window replayed: ``maestro.sim.calibrate.replay_run``) vs
+  measured step time.
 
 Run: ``.venv/bin/python bench/maestro_plan.py [--part sim] [--gpus 64,256,1024]``.
 """
