@@ -110,3 +110,12 @@ def test_profile_cli_seq_lens_and_errors(tmp_path, capsys):
     assert "--seq-lens must be comma-separated integers" in capsys.readouterr().err
     assert main([*args, "--seq-lens", "1"]) == 2
     assert "seq_lens must be >= 2" in capsys.readouterr().err
+
+
+def test_profile_cli_micro_batches_needs_a_run_and_integers(tmp_path, capsys):
+    args = ["profile", str(EXAMPLES / "kd.toml"), "--out", str(tmp_path / "p.json")]
+    assert main([*args, "--micro-batches", "1,2"]) == 2
+    assert "--micro-batches needs --from-run" in capsys.readouterr().err
+    assert main([*args, "--from-run", "--micro-batches", "1,x"]) == 2
+    assert "--micro-batches must be comma-separated integers" in capsys.readouterr().err
+    assert not (tmp_path / "p.json").exists()

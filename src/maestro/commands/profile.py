@@ -55,20 +55,10 @@ def run(args: argparse.Namespace) -> int:
     from maestro.costmodel import MeasuredCostModel
     from maestro.sim.profile import profile_config
 
-    try:
-        sizes = [int(x) for x in args.sizes.split(",")]
-    except ValueError:
-        raise ValueError(f"--sizes must be comma-separated integers, got {args.sizes!r}") from None
+    sizes = _int_list(args.sizes, "--sizes")
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
-    seq_lens = None
-    if args.seq_lens is not None:
-        try:
-            seq_lens = [int(x) for x in args.seq_lens.split(",")]
-        except ValueError:
-            raise ValueError(
-                f"--seq-lens must be comma-separated integers, got {args.seq_lens!r}"
-            ) from None
+    seq_lens = _int_list(args.seq_lens, "--seq-lens")
     cfg = load(args.config)
     if args.micro_batches is not None and not args.from_run:
         raise ValueError("--micro-batches needs --from-run (compute-only profiles use --sizes)")
@@ -100,6 +90,16 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(value: str | None, flag: str) -> list[int] | None:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (``None`` stays ``None``); ``ValueError`` names ``flag``."""
+    if value is None:
+        return None
+    try:
+        return [int(x) for x in value.split(",")]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {value!r}") from None
+
+
 def _from_run(cfg, args: argparse.Namespace) -> int:
     """``--from-run``: trace a real run, fit the profile, print what was fitted."""
     import json
@@ -107,14 +107,7 @@ def _from_run(cfg, args: argparse.Namespace) -> int:
     from maestro.costmodel import MeasuredCostModel
     from maestro.sim.calibrate import run_and_profile
 
-    mbs = None
-    if args.micro_batches is not None:
-        try:
-            mbs = [int(x) for x in args.micro_batches.split(",")]
-        except ValueError:
-            raise ValueError(
-                f"--micro-batches must be comma-separated integers, got {args.micro_batches!r}"
-            ) from None
+    mbs = _int_list(args.micro_batches, "--micro-batches")
     prof = run_and_profile(
         cfg,
         steps=args.steps,
