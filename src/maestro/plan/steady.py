@@ -7,7 +7,8 @@ some: trainable ranks meet at the non-finite guard at every step's end, a frozen
 (forward-only) rank runs at most one step ahead, and colocated (monolithic) steps never
 overlap. Those rules live in one place, ``maestro.sim.replay.replay_steps``; the planner
 scores a layout by replaying its one schedule for ``steps`` consecutive steps there (with
-the cost model's step overhead, scheduler time and contention, when it has them).
+the cost model's step overhead, scheduler time, contention and step correction, when it
+has them: a profile fitted from real runs, ``maestro.sim.calibrate``).
 
 Every step replays the same schedule (one global batch, as the planner scores).
 """
