@@ -198,7 +198,8 @@ def main() -> int:
                 break
         rows.append(
             f"| overload | {res.sent:,} at {over:.0f} rps (2x) for {over_s:.0f} s | "
-            f"{res.errors} | {res.rejected} (p99 {res.reject_p99_ms:.1f} ms to the 429; "
+            f"{res.errors} | {res.rejected} (429 after p50 {res.reject_p50_ms:.1f} / p99 "
+            f"{res.reject_p99_ms:.1f} ms; "
             f"{why or 'none'}) | "
             f"{res.late} | admitted p99 {res.p99_ms:.1f} ms (generator sent up to "
             f"{res.send_lag_p99_ms:.0f} ms late, p99) | "

@@ -136,3 +136,52 @@ def test_shedding_off_keeps_count_bound_only():
     b.submit([1]).arrival -= 10.0
     b.submit([2])  # admitted: only queue_capacity bounds admission
     assert b.depth() == 2
+
+
+def test_in_flight_limit_refuses_at_the_door_and_reopens_as_answers_come():
+    from quiver.serving.batcher import IN_FLIGHT_SLO_SHARE, MIN_IN_FLIGHT
+
+    cfg = ServeConfig(slo_ms=1, max_batch_nodes=1, max_wait_ms=0, queue_capacity=10_000)
+    b = DynamicBatcher(cfg, node_count=100)
+    assert b.in_flight_limit(time.perf_counter()) == float("inf")  # no rate measured yet
+    for i in range(200):  # one-request batches answered at once: thousands per second
+        req = b.submit([i % 100])
+        b.next_batch(timeout=1)
+        req.future.set_result(None)
+    now = time.perf_counter()
+    rate = b.drain_rate(now)
+    assert rate is not None and rate > 1000
+    limit = b.in_flight_limit(now)
+    # the limit follows the peak drain rate, which is at least the current one
+    assert limit >= 0.99 * max(MIN_IN_FLIGHT, rate * 1e-3 * IN_FLIGHT_SLO_SHARE)
+    # now nothing is answered: requests pile up in flight until the door closes
+    held = []
+    with pytest.raises(Overloaded, match="in flight"):
+        for _ in range(5000):
+            held.append(b.submit([1]))
+            time.sleep(1e-4)
+    assert limit <= len(held) < 5000
+    assert b.refusal(time.perf_counter()) is not None
+    for req in held:  # answers come back: in-flight drops and the door opens again
+        req.future.set_result(None)
+    assert b.refusal(time.perf_counter()) is None
+    b.submit([1])
+
+
+def test_in_flight_limit_waits_for_slow_answers_before_refusing():
+    from quiver.serving.batcher import MIN_IN_FLIGHT
+
+    cfg = ServeConfig(slo_ms=100, max_wait_ms=0)
+    b = DynamicBatcher(cfg, node_count=100)
+    for _ in range(2):  # a slow trickle: a drain rate of a few requests per second
+        req = b.submit([1])
+        b.next_batch(timeout=1)
+        req.future.set_result(None)
+        time.sleep(0.2)
+    assert b.drain_rate(time.perf_counter()) < 20
+    # a burst past the limit is admitted while nobody has waited long (no answer is slow yet)
+    burst = [b.submit([i]) for i in range(MIN_IN_FLIGHT + 8)]
+    assert len(burst) == MIN_IN_FLIGHT + 8
+    time.sleep(0.08)  # now the oldest has been in flight past 70% of the 100 ms SLO
+    with pytest.raises(Overloaded, match="in flight"):
+        b.submit([0])

@@ -122,3 +122,15 @@ def test_engine_outcomes_map_to_statuses(engine):
 def test_other_routes_pass_through(engine):
     inner = _Inner()
     assert _call(PredictFastPath(inner, engine), [b"{}"], path="/healthz")[0] == 299
+
+
+def test_overloaded_engine_refuses_before_parsing(world):
+    # not started: nothing drains the queue, so it fills after two requests
+    cfg = ServeConfig(queue_capacity=2)
+    eng = Engine(world.sampler, world.x, world.model, world.n, cfg)
+    eng.submit([1])
+    eng.submit([2])
+    inner = _Inner()
+    status, body = _call(PredictFastPath(inner, eng), [b'{"nodes": [1, true]}'])
+    assert status == 429 and "queue full" in json.loads(body)["error"]
+    assert inner.bodies == []  # refused before parsing: even a malformed body gets the 429

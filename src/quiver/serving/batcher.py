@@ -117,6 +117,7 @@ class DynamicBatcher:
         self._picked_sum = 0  # requests in _picked
         self._peak_rate, self._peak_at = 0.0, 0.0  # highest recent drain rate and when
         self._in_flight = 0  # admitted requests whose future is not done yet
+        self._admitted: deque[Request] = deque()  # admission order; done ones leave lazily
 
     def observe_service(self, seconds: float) -> None:
         """Record one batch's pick-up-to-answer time; ``service_s`` is the median of the last 32."""
@@ -163,6 +164,13 @@ class DynamicBatcher:
         peak = max(rate or 0.0, self._peak_rate * decay)
         return max(MIN_IN_FLIGHT, peak * self.cfg.slo_ms * IN_FLIGHT_SLO_SHARE / 1e3)
 
+    def _oldest_in_flight_s(self, now: float) -> float:
+        """How long the oldest unanswered admitted request has been in the server."""
+        admitted = self._admitted
+        while admitted and admitted[0].future.done():
+            admitted.popleft()
+        return now - admitted[0].arrival if admitted else 0.0
+
     def _finished(self, _future) -> None:
         with self._cond:
             self._in_flight -= 1
@@ -177,9 +185,12 @@ class DynamicBatcher:
     def refusal(self, now: float) -> str | None:
         """Why a request arriving now would be refused as overload (None: it would be admitted).
 
-        Safe to call without the lock for an early answer (the HTTP fast path asks before it
-        parses a body); ``submit`` asks again under the lock.
+        The HTTP fast path asks before it parses a body; ``submit`` asks again on admission.
         """
+        with self._cond:
+            return self._refusal(now)
+
+    def _refusal(self, now: float) -> str | None:
         if len(self._queue) >= self.cfg.queue_capacity:
             return f"queue full ({self.cfg.queue_capacity} requests); retry later"
         if not self.cfg.shed_late:
@@ -192,9 +203,13 @@ class DynamicBatcher:
                 f"overloaded: queued requests wait {(now - queue[0].arrival) * 1e3:.0f} ms, "
                 f"past the {self.cfg.slo_ms:g} ms deadline budget; retry later"
             )
-        if self._in_flight >= self.in_flight_limit(now):
+        if self._in_flight >= self.in_flight_limit(now) and self._oldest_in_flight_s(
+            now
+        ) > IN_FLIGHT_SLO_SHARE * (self.cfg.slo_ms / 1e3):
             # Little's law: at the measured capacity more unanswered requests would only
             # queue. Refusing at the door is quick; refusing after a wait (at pick-up) is slow.
+            # Only while answers are actually slow: a burst under moderate load briefly puts
+            # many requests in flight without making anyone late.
             return (
                 f"overloaded: {self._in_flight} requests in flight, the most that keep the "
                 f"{self.cfg.slo_ms:g} ms deadline at this server's rate; retry later"
@@ -213,10 +228,11 @@ class DynamicBatcher:
         with self._cond:
             if self._closed:
                 raise ShuttingDown("server is shutting down")
-            refusal = self.refusal(now)
+            refusal = self._refusal(now)
             if refusal is not None:
                 raise Overloaded(refusal)
             self._in_flight += 1
+            self._admitted.append(req)
             req.future.add_done_callback(self._finished)
             self._queue.append(req)
             self._cond.notify()

@@ -83,6 +83,7 @@ class LoadResult:
     p95_ms: float
     p99_ms: float
     reject_p99_ms: float = float("nan")  # how fast a 429 came back (scheduled send to answer)
+    reject_p50_ms: float = float("nan")
     send_lag_p99_ms: float = 0.0  # how late the generator itself sent (it shares the cores)
 
 
@@ -140,6 +141,7 @@ def _summary(rate, sent, counts, latencies, reject_ms, send_lag_ms, answered_nod
         p95_ms=float(np.percentile(lat, 95)),
         p99_ms=float(np.percentile(lat, 99)),
         reject_p99_ms=float(np.percentile(reject_ms, 99)) if reject_ms else float("nan"),
+        reject_p50_ms=float(np.percentile(reject_ms, 50)) if reject_ms else float("nan"),
         send_lag_p99_ms=float(np.percentile(send_lag_ms, 99)) if send_lag_ms else 0.0,
     )
 
