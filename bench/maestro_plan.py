@@ -26,6 +26,7 @@ Run: ``.venv/bin/python bench/maestro_plan.py [--part sim] [--gpus 64,256,1024]`
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import tempfile
 import time
@@ -197,9 +198,17 @@ def validate_part(
         prof_path.write_text(json.dumps(prof))
         wl = get_workload(cfg)
         samples = wl.sample_infos(wl.batch(0), wl.graph(build=[]))
+        # layouts are scored over several batches of the workload, drawn with another seed
+        # than the measured runs' (a sample of its data, not the batches measured)
+        other = copy.deepcopy(cfg)
+        other.seed = cfg.seed + 1000
+        owl = get_workload(other)
+        extra = [owl.sample_infos(owl.batch(k), owl.graph(build=[])) for k in range(8)]
         # what the runtime can run on 2 processes (disjoint sections, or the whole model on
         # every rank with data-order shards, as runtime/monolithic.py), fastest step
-        opts = SearchOptions(colocate=False, objective="step_time", balance_monolithic=False)
+        opts = SearchOptions(
+            colocate=False, objective="step_time", balance_monolithic=False, batches=extra
+        )
         plan = plan_maestro(samples, cfg.section_specs(), cm, 2, opts)
         planned = load(EXAMPLES / fname)
         planned.steps = steps

@@ -359,3 +359,53 @@ def test_replay_of_equal_schedules_matches_the_replay_of_one_shared_schedule(kd1
     )
     assert shared.step_times == pytest.approx(fresh.step_times, rel=1e-12)
     assert shared.step_ends == pytest.approx(fresh.step_ends, rel=1e-12)
+
+
+def test_extra_batches_score_a_layout_by_its_mean_step_over_them():
+    # a plan scored over further batches: the planned batch, then one step per extra batch;
+    # its step time is the mean step after the first, as the replay of that sequence gives
+    import random
+
+    from maestro.costmodel import LinearFit, MeasuredCostModel
+    from maestro.plan.search import SearchOptions
+    from maestro.sim.replay import replay_steps
+
+    def batch(seed):
+        rng = random.Random(seed)
+        return [
+            SampleInfo(i, frozenset({"t", "s"}), {"tokens": float(rng.randint(4, 64))})
+            for i in range(16)
+        ]
+
+    secs = [
+        SectionSpec("t", dp=1, micro_batch_size=2, frozen=True),
+        SectionSpec("s", inputs=("t",), dp=1, micro_batch_size=2),
+    ]
+    cm = MeasuredCostModel(
+        forward={
+            "t": LinearFit({"const": 0.5, "tokens": 0.02}),
+            "s": LinearFit({"const": 0.2, "tokens": 0.01}),
+        },
+        forward_backward={"s": LinearFit({"const": 0.6, "tokens": 0.03})},
+        max_samples={"t": 8.0, "s": 8.0},
+    )
+    extra = [batch(k) for k in (1, 2, 3)]
+    opts = SearchOptions(
+        colocate=False, objective="step_time", batches=extra, balance_monolithic=False
+    )
+    plan = plan_maestro(batch(0), secs, cm, 2, opts)
+    mbs = plan.sections["s"].micro_batch_size
+    if plan.monolithic:
+        specs = [replace(s, dp=2, micro_batch_size=mbs) for s in secs]
+        seq = [
+            (monolithic_schedule(b, specs, cm, world_size=2, micro_batch_size=mbs), b)
+            for b in (batch(0), *extra)
+        ]
+    else:
+        specs = [replace(s, micro_batch_size=plan.sections[s.name].micro_batch_size) for s in secs]
+        seq = [(wavefront_schedule(b, specs, cm), b) for b in (batch(0), *extra)]
+    ends = replay_steps(seq, specs, cm).step_ends
+    assert plan.step_time == pytest.approx((ends[-1] - ends[0]) / 3, rel=1e-9)
+    # one batch alone: the steady state of that batch, a different figure
+    alone = plan_maestro(batch(0), secs, cm, 2, replace(opts, batches=()))
+    assert alone.step_time != pytest.approx(plan.step_time, rel=1e-6)

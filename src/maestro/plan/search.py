@@ -101,6 +101,11 @@ class SearchOptions:
         steps: consecutive steps replayed to score a layout (``maestro.plan.steady``); the
             plan's step time is the steady-state period, which lets a frozen section run one
             step ahead exactly as the runtime does.
+        batches: further global batches of the same workload (a sample of its data). With
+            them, a layout (its own or the monolithic one, not a colocated group) is scored
+            by replaying the planned batch then each of these, one step each, and its step
+            time is the mean step after the first: one batch's mix of lengths and
+            modalities can favour a layout that loses on the others.
     """
 
     mbs_choices: Sequence[int] = MBS_CHOICES
@@ -115,6 +120,7 @@ class SearchOptions:
     colocate: bool = True
     include_monolithic: bool = True
     steps: int = 4
+    batches: Sequence[Sequence[SampleInfo]] = ()
     zero1: bool = True
     objective: str = "gpu_hours"
 
@@ -551,18 +557,28 @@ def _simulate(
     from maestro.plan.steady import steady_state
     from maestro.schedule import fifo_schedule, monolithic_schedule, wavefront_schedule
 
-    samples = p.samples if samples is None else samples
-    if monolithic:
-        world = specs[0].dp
-        if p.opts.balance_monolithic:
-            samples = _balanced_order(p, samples, world, cm, units)
-        sched = monolithic_schedule(samples, specs, cm, world_size=world, micro_batch_size=mbs)
-    elif p.opts.ablation.fifo:
-        sched = fifo_schedule(samples, specs, cm)
-    else:
-        sched = wavefront_schedule(samples, specs, cm)
-    res = steady_state(sched, samples, specs, cm, steps=p.opts.steps)
-    return res.period, res.busy, res.first_step
+    def schedule(samples):
+        if monolithic:
+            world = specs[0].dp
+            if p.opts.balance_monolithic:
+                samples = _balanced_order(p, samples, world, cm, units)
+            return samples, monolithic_schedule(
+                samples, specs, cm, world_size=world, micro_batch_size=mbs
+            )
+        if p.opts.ablation.fifo:
+            return samples, fifo_schedule(samples, specs, cm)
+        return samples, wavefront_schedule(samples, specs, cm)
+
+    if samples is not None or not p.opts.batches:
+        samples, sched = schedule(p.samples if samples is None else samples)
+        res = steady_state(sched, samples, specs, cm, steps=p.opts.steps)
+        return res.period, res.busy, res.first_step
+    from maestro.sim.replay import replay_steps
+
+    seq = [schedule(b)[::-1] for b in (p.samples, *p.opts.batches)]
+    rep = replay_steps(seq, specs, cm)
+    ends = rep.step_ends
+    return (ends[-1] - ends[0]) / (len(ends) - 1), rep.busy, ends[0]
 
 
 def _balanced_order(
