@@ -212,7 +212,12 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             server.kill()
             out = "(killed)"
-        print(out.strip().splitlines()[-1] if out.strip() else "")
+        lines = out.strip().splitlines()
+        print(lines[-1] if lines else "")
+        problems = [ln for ln in lines if "Error" in ln or "Traceback" in ln or "died" in ln]
+        if problems:  # the server's own account of any errors the generator counted
+            print(f"server log: {len(problems)} error lines, first ones:")
+            print("\n".join(problems[:10]))
         drained = server.returncode == 0
     rows.append(
         f"| SIGTERM | drain and exit | exit code {server.returncode} | | | | "

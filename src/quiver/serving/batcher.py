@@ -232,6 +232,7 @@ class DynamicBatcher:
             if refusal is not None:
                 raise Overloaded(refusal)
             self._in_flight += 1
+            self._oldest_in_flight_s(now)  # drops answered requests from the front
             self._admitted.append(req)
             req.future.add_done_callback(self._finished)
             self._queue.append(req)
