@@ -160,7 +160,7 @@ def test_in_flight_limit_refuses_at_the_door_and_reopens_as_answers_come():
         for _ in range(5000):
             held.append(b.submit([1]))
             time.sleep(1e-4)
-    assert limit <= len(held) < 5000
+    assert 0.9 * limit <= len(held) < 5000  # the peak, and so the limit, decays meanwhile
     assert b.refusal(time.perf_counter()) is not None
     for req in held:  # answers come back: in-flight drops and the door opens again
         req.future.set_result(None)
@@ -171,7 +171,7 @@ def test_in_flight_limit_refuses_at_the_door_and_reopens_as_answers_come():
 def test_in_flight_limit_waits_for_slow_answers_before_refusing():
     from quiver.serving.batcher import MIN_IN_FLIGHT
 
-    cfg = ServeConfig(slo_ms=100, max_wait_ms=0)
+    cfg = ServeConfig(slo_ms=1000, max_wait_ms=0)  # a long SLO: a VM stall is no slow answer
     b = DynamicBatcher(cfg, node_count=100)
     for _ in range(2):  # a slow trickle: a drain rate of a few requests per second
         req = b.submit([1])
@@ -182,7 +182,7 @@ def test_in_flight_limit_waits_for_slow_answers_before_refusing():
     # a burst past the limit is admitted while nobody has waited long (no answer is slow yet)
     burst = [b.submit([i]) for i in range(MIN_IN_FLIGHT + 8)]
     assert len(burst) == MIN_IN_FLIGHT + 8
-    time.sleep(0.08)  # now the oldest has been in flight past 70% of the 100 ms SLO
+    time.sleep(0.75)  # now the oldest has been in flight past 70% of the 1 s SLO
     with pytest.raises(Overloaded, match="in flight"):
         b.submit([0])
 
