@@ -187,16 +187,13 @@ async def run_open_loop_http(
         if all_done.done():  # after the timeout: already counted as an error
             return
         ms = (loop.time() - at) * 1e3
-        if status == 200:
-            late = b'"late":true' in body or b'"late": true' in body
-            counts["late" if late else "ok"] += 1
+        outcome = _outcome(status, body)
+        counts[outcome] += 1
+        if outcome in ("ok", "late"):
             latencies.append(ms)
             answered_nodes += n
-        elif status == 429:
-            counts["rejected"] += 1
+        elif outcome == "rejected":
             reject_ms.append(ms)
-        else:
-            counts["error"] += 1
         pending -= 1
         if pending == 0 and not all_done.done():
             all_done.set_result(None)
@@ -247,30 +244,38 @@ def engine_target(engine) -> Target:
 async def http_target(url: str, connections: int = 512):
     """A target posting to ``{url}/v1/predict``; returns ``(send, aclose)``. Call in a loop.
 
-    Uses aiohttp: its client costs several times less CPU per request than httpx's async
-    client, which matters when the generator shares cores with the server (with httpx the
-    generator, not the server, saturated first on 2 cores: ``bench/reliability.py``).
+    Uses the lean keep-alive client of ``quiver.serving.rawclient`` (as ``run_open_loop_http``
+    does), so the generator costs far less CPU than the server it measures when both share the
+    cores; ``connections`` caps the open connections.
     """
-    import aiohttp
+    import json
+    from urllib.parse import urlsplit
 
-    session = aiohttp.ClientSession(
-        base_url=url.rstrip("/") + "/",
-        connector=aiohttp.TCPConnector(limit=connections),
-        timeout=aiohttp.ClientTimeout(total=60),
-    )
+    from quiver.serving.rawclient import RawHTTPPool, encode_post
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    path = parts.path.rstrip("/") + "/v1/predict"
+    pool = RawHTTPPool(host, port, max_connections=connections)
 
     async def send(nodes: list[int]) -> str:
-        try:
-            async with session.post("v1/predict", json={"nodes": nodes}) as r:
-                if r.status != 200:
-                    await r.read()
-                    return "rejected" if r.status == 429 else "error"
-                body = await r.json()
-        except Exception:
-            return "error"
-        return "late" if body.get("late") else "ok"
+        done = asyncio.get_running_loop().create_future()
+        data = encode_post(f"{host}:{port}", path, json.dumps({"nodes": nodes}).encode())
+        pool.request(data, lambda status, body: done.set_result((status, body)))
+        status, body = await done
+        return _outcome(status, body)
 
-    return send, session.close
+    async def close() -> None:
+        pool.close()
+
+    return send, close
+
+
+def _outcome(status: int, body: bytes) -> str:
+    """``ok``, ``late``, ``rejected`` or ``error`` for one HTTP answer (status 0: none came)."""
+    if status == 200:
+        return "late" if b'"late":true' in body or b'"late": true' in body else "ok"
+    return "rejected" if status == 429 else "error"
 
 
 def sweep(
