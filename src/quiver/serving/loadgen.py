@@ -157,19 +157,13 @@ async def run_open_loop_http(
     ``timeout_s`` after the last send count as errors.
     """
     import functools
-    import json
-    from urllib.parse import urlsplit
 
-    from quiver.serving.rawclient import RawHTTPPool, encode_post
+    from quiver.serving.rawclient import RawHTTPPool
 
     if rate <= 0:
         raise ValueError(f"rate must be > 0 requests/s, got {rate}")
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    path = parts.path.rstrip("/") + "/v1/predict"
-    payloads = [
-        encode_post(f"{host}:{port}", path, json.dumps({"nodes": n}).encode()) for n in requests
-    ]
+    host, port, encode = _predict_endpoint(url)
+    payloads = [encode(n) for n in requests]
     rng = np.random.default_rng(seed + 1)
     arrivals = np.cumsum(rng.exponential(1.0 / rate, size=len(requests))).tolist()
     latencies: list[float] = []
@@ -248,20 +242,14 @@ async def http_target(url: str, connections: int = 512):
     does), so the generator costs far less CPU than the server it measures when both share the
     cores; ``connections`` caps the open connections.
     """
-    import json
-    from urllib.parse import urlsplit
+    from quiver.serving.rawclient import RawHTTPPool
 
-    from quiver.serving.rawclient import RawHTTPPool, encode_post
-
-    parts = urlsplit(url)
-    host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    path = parts.path.rstrip("/") + "/v1/predict"
+    host, port, encode = _predict_endpoint(url)
     pool = RawHTTPPool(host, port, max_connections=connections)
 
     async def send(nodes: list[int]) -> str:
         done = asyncio.get_running_loop().create_future()
-        data = encode_post(f"{host}:{port}", path, json.dumps({"nodes": nodes}).encode())
-        pool.request(data, lambda status, body: done.set_result((status, body)))
+        pool.request(encode(nodes), lambda status, body: done.set_result((status, body)))
         status, body = await done
         return _outcome(status, body)
 
@@ -269,6 +257,23 @@ async def http_target(url: str, connections: int = 512):
         pool.close()
 
     return send, close
+
+
+def _predict_endpoint(url: str):
+    """``(host, port, encode)`` for ``{url}/v1/predict``; ``encode(nodes)`` gives request bytes."""
+    import json
+    from urllib.parse import urlsplit
+
+    from quiver.serving.rawclient import encode_post
+
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    path = parts.path.rstrip("/") + "/v1/predict"
+
+    def encode(nodes: list[int]) -> bytes:
+        return encode_post(f"{host}:{port}", path, json.dumps({"nodes": nodes}).encode())
+
+    return host, port, encode
 
 
 def _outcome(status: int, body: bytes) -> str:
