@@ -193,3 +193,78 @@ def test_balanced_order_equalises_rank_work():
 
     bal, raw = shard_tokens(out), shard_tokens(samples)
     assert max(bal) - min(bal) < (max(raw) - min(raw)) / 4
+
+
+def _kd_batch(seed: int, num: int = 16) -> list[SampleInfo]:
+    rng = random.Random(seed)
+    return [
+        SampleInfo(i, frozenset({"t", "s"}), {"tokens": float(rng.randint(64, 2048))})
+        for i in range(num)
+    ]
+
+
+KD_SECS = [
+    SectionSpec("t", frozen=True, micro_batch_size=4),
+    SectionSpec("s", inputs=("t",), micro_batch_size=4),
+]
+KD_CM = AnalyticalCostModel(
+    {"t": SectionShape(layers=4, hidden=1024), "s": SectionShape(layers=2, hidden=512)},
+    gpu=GPU_PRESETS["H100"],
+)
+
+
+@pytest.mark.parametrize(
+    ("batches", "match"),
+    [
+        (None, "sequence of batches"),
+        ("abc", "sequence of batches"),
+        (_kd_batch(1), "not of samples: wrap one batch"),
+        ([[]], r"batches\[0\] is empty"),
+        ([_kd_batch(1), ()], r"batches\[1\] is empty"),
+        ([7], r"batches\[0\] must be a sequence of SampleInfo, got int"),
+        ([{"tokens": 5}], r"batches\[0\] must be a sequence of SampleInfo, got dict"),
+        ([[*_kd_batch(1)[:15], {"tokens": 5}]], r"batches\[0\] holds a dict"),
+        ([_kd_batch(1, num=8)], r"batches\[0\] has 8 samples, the planned batch 16"),
+        ([[*_kd_batch(1)[:15], _kd_batch(1)[0]]], r"batches\[0\] repeats a sample_id"),
+        (
+            [[*_kd_batch(1)[:15], SampleInfo(15, frozenset({"vision"}), {"tokens": 8.0})]],
+            r"unknown sections: \['vision'\]",
+        ),
+    ],
+)
+def test_bad_extra_batches_are_a_value_error(batches, match):
+    opts = SearchOptions(batches=batches)
+    with pytest.raises(ValueError, match=match):
+        plan_maestro(_kd_batch(0), KD_SECS, KD_CM, 4, opts)
+    with pytest.raises(ValueError, match=match):
+        plan_monolithic(_kd_batch(0), KD_SECS, KD_CM, 4, opts)
+
+
+def test_extra_batches_score_colocated_groups_too():
+    # one GPU for two sections: only the colocated group fits, so this is its score
+    opts = SearchOptions(include_monolithic=False, tp_choices=(1,))
+    one = plan_maestro(_kd_batch(0), KD_SECS, KD_CM, 1, opts)
+    assert len({s.group for s in one.sections.values()}) == 1 and one.sections["t"].group
+    # scored over other batches, the group's step time moves with them ...
+    other = plan_maestro(
+        _kd_batch(0), KD_SECS, KD_CM, 1, replace(opts, batches=[_kd_batch(k) for k in (1, 2, 3)])
+    )
+    assert other.step_time != pytest.approx(one.step_time, rel=1e-6)
+    # ... and over copies of the planned batch it is that batch's step (a colocated step
+    # never overlaps its neighbours, so every step of the sequence is the same)
+    same = plan_maestro(_kd_batch(0), KD_SECS, KD_CM, 1, replace(opts, batches=[_kd_batch(0)] * 3))
+    assert same.step_time == pytest.approx(one.step_time, rel=1e-9)
+    assert same.describe() == one.describe()
+
+
+def test_no_skip_ablation_applies_to_extra_batches_too():
+    # samples that skip the teacher: with no_skip every sample, of every batch, runs it
+    def skipping(seed):
+        return [
+            replace(s, sections=frozenset({"s"}) if s.sample_id % 2 else s.sections)
+            for s in _kd_batch(seed)
+        ]
+
+    opts = SearchOptions(batches=[skipping(1)], ablation=Ablation(no_skip=True))
+    p = _Problem(skipping(0), KD_SECS, KD_CM, 4, opts)
+    assert all(s.sections == {"t", "s"} for b in (p.samples, *p.batches) for s in b)

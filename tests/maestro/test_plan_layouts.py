@@ -131,8 +131,7 @@ def test_all_colocated_with_equal_micro_batches_is_the_monolithic_layout():
     mono = _simulate(p, specs_m, cm, monolithic=True, mbs=4)
     specs_g = merged_specs(secs, groups, {groups[0]: 8}, mbs)
     gcm = GroupedCostModel(cm, secs, groups, mbs)
-    smp = merged_samples(samples, groups)
-    grouped = _simulate(p, specs_g, gcm, True, 4, smp, [("enc+dec", False)])
+    grouped = _simulate(p, specs_g, gcm, True, 4, groups, [("enc+dec", False)])
     assert grouped[0] == pytest.approx(mono[0], rel=1e-9)
 
 

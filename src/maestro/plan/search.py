@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from maestro.costmodel import AnalyticalCostModel, CostModel, micro_batch_features
-from maestro.plan.colocate import group_name
+from maestro.plan.colocate import group_name, merged_samples
 from maestro.plan.tpmodel import with_layout
 from maestro.schedule.graph import check_sections, grad_consumers, role, topo_order
 from maestro.schedule.types import SampleInfo, SectionSpec
@@ -105,7 +105,8 @@ class SearchOptions:
             them, a layout (its own or the monolithic one, not a colocated group) is scored
             by replaying the planned batch then each of these, one step each, and its step
             time is the mean step after the first: one batch's mix of lengths and
-            modalities can favour a layout that loses on the others.
+            modalities can favour a layout that loses on the others. Each batch must hold
+            as many samples as the planned one (``ValueError`` otherwise).
     """
 
     mbs_choices: Sequence[int] = MBS_CHOICES
@@ -272,6 +273,44 @@ def _data_order_work(cm: CostModel, sec: SectionSpec, costs: list, trainable: bo
     return total, longest, fwd / k, bwd / k
 
 
+def _check_batches(batches, size: int, names: set[str]) -> list[list[SampleInfo]]:
+    """``SearchOptions.batches`` as lists, or ``ValueError`` naming the first bad batch: each
+    must be a non-empty sequence of ``SampleInfo`` of the planned batch's size (the step time
+    is read as the time of ``size`` samples), with unique sample ids and known sections."""
+    if isinstance(batches, (str, bytes, SampleInfo)) or not isinstance(batches, Sequence):
+        raise ValueError(
+            f"batches must be a sequence of batches (sequences of SampleInfo), "
+            f"got {type(batches).__name__}"
+        )
+    out = []
+    for k, b in enumerate(batches):
+        if isinstance(b, SampleInfo):
+            raise ValueError(
+                "batches must be a sequence of batches, not of samples: wrap one batch as [batch]"
+            )
+        if isinstance(b, (str, bytes)) or not isinstance(b, Sequence):
+            raise ValueError(
+                f"batches[{k}] must be a sequence of SampleInfo, got {type(b).__name__}"
+            )
+        if not b:
+            raise ValueError(f"batches[{k}] is empty")
+        bad = next((s for s in b if not isinstance(s, SampleInfo)), None)
+        if bad is not None:
+            raise ValueError(f"batches[{k}] holds a {type(bad).__name__}, not a SampleInfo")
+        if len(b) != size:
+            raise ValueError(
+                f"batches[{k}] has {len(b)} samples, the planned batch {size}: "
+                "batches must be global batches of the same size"
+            )
+        if len({s.sample_id for s in b}) != len(b):
+            raise ValueError(f"batches[{k}] repeats a sample_id")
+        unknown = set().union(*(s.sections for s in b)) - names
+        if unknown:
+            raise ValueError(f"batches[{k}] activates unknown sections: {sorted(unknown)}")
+        out.append(list(b))
+    return out
+
+
 class _Problem:
     """The workload, prepared once for many candidate layouts."""
 
@@ -287,11 +326,15 @@ class _Problem:
             )
         if opts.steps < 1:
             raise ValueError(f"steps must be >= 1, got {opts.steps}")
+        batches = _check_batches(opts.batches, len(samples), {s.name for s in sections})
         self.opts = opts
         if opts.ablation.no_skip:
             every = frozenset(s.name for s in sections)
             samples = [replace(s, sections=every) for s in samples]
+            batches = [[replace(s, sections=every) for s in b] for b in batches]
         self.samples = list(samples)
+        #: further batches the layouts are scored on (``SearchOptions.batches``)
+        self.batches = batches
         self.sections = {s.name: s for s in sections}
         self.order = topo_order(sections)
         self.cm = cost_model
@@ -548,12 +591,13 @@ def _fill_drain(units: dict[str, _Unit], combo: dict) -> float:
 
 
 def _simulate(
-    p: _Problem, specs, cm: CostModel, monolithic: bool, mbs=None, samples=None, units=None
+    p: _Problem, specs, cm: CostModel, monolithic: bool, mbs=None, groups=None, units=None
 ):
     """``(steady-state step, busiest GPU's work, first step)`` of a layout.
 
     ``monolithic``: every spec on every rank, length-balanced shards (``units``: the
-    ``(name, frozen)`` the balance costs, default the real sections)."""
+    ``(name, frozen)`` the balance costs, default the real sections). ``groups``: the
+    colocated groups the specs merge (their samples are merged the same way)."""
     from maestro.plan.steady import steady_state
     from maestro.schedule import fifo_schedule, monolithic_schedule, wavefront_schedule
 
@@ -569,13 +613,16 @@ def _simulate(
             return samples, fifo_schedule(samples, specs, cm)
         return samples, wavefront_schedule(samples, specs, cm)
 
-    if samples is not None or not p.opts.batches:
-        samples, sched = schedule(p.samples if samples is None else samples)
+    batches = [p.samples, *p.batches]
+    if groups is not None:
+        batches = [merged_samples(b, groups) for b in batches]
+    if len(batches) == 1:
+        samples, sched = schedule(batches[0])
         res = steady_state(sched, samples, specs, cm, steps=p.opts.steps)
         return res.period, res.busy, res.first_step
     from maestro.sim.replay import replay_steps
 
-    seq = [schedule(b)[::-1] for b in (p.samples, *p.opts.batches)]
+    seq = [schedule(b)[::-1] for b in batches]
     rep = replay_steps(seq, specs, cm)
     ends = rep.step_ends
     return (ends[-1] - ends[0]) / (len(ends) - 1), rep.busy, ends[0]
@@ -646,12 +693,7 @@ def plan_maestro(
     Raises:
         ValueError: no layout fits the memory limit within ``gpus`` GPUs.
     """
-    from maestro.plan.colocate import (
-        GroupedCostModel,
-        merged_samples,
-        merged_specs,
-        valid_groupings,
-    )
+    from maestro.plan.colocate import GroupedCostModel, merged_specs, valid_groupings
 
     opts = options or SearchOptions()
     p = _Problem(samples, sections, cost_model, gpus, opts)
@@ -746,20 +788,19 @@ def plan_maestro(
         specs_real = [p.sections[n] for n in p.order]
         gdp = {units[u].members: d for u, d in dp.items()}
         specs = merged_specs(specs_real, groups, gdp, mbs, "min" if mixed else "max")
+        merged = None
         if len(units) < len(p.order):
             cm = GroupedCostModel(cm, specs_real, groups, mbs)
-            smp = merged_samples(p.samples, groups)
-        else:
-            smp = None
+            merged = groups
         if len(units) == 1 and len(p.order) > 1:
             # everything colocated: the monolithic layout with per-section micro-batches, on
             # the same length-balanced shards as the baseline
             (u,) = units.values()
             step, bound, first = _simulate(
-                p, specs, cm, True, specs[0].micro_batch_size, smp, [(u.name, u.frozen)]
+                p, specs, cm, True, specs[0].micro_batch_size, merged, [(u.name, u.frozen)]
             )
         else:
-            step, bound, first = _simulate(p, specs, cm, monolithic=False, samples=smp)
+            step, bound, first = _simulate(p, specs, cm, monolithic=False, groups=merged)
         used = sum(dp[u] * o.tp for u, o in combo.items())
         if best is None or _better(used, step, best, opts.objective):
             secs = {}
