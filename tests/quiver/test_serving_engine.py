@@ -167,7 +167,9 @@ def test_a_dead_worker_thread_is_restarted_and_its_batch_answered(world):
             return world.sampler.sample(seeds)
 
     cfg = ServeConfig(max_wait_ms=0, num_sampler_workers=1)
-    with Engine(Killer(), world.x, world.model, world.n, cfg) as eng:
+    # the pipelined path: an idle engine's fast lane would sample on the batcher thread
+    # (test_serving_fastlane.py kills that one)
+    with Engine(Killer(), world.x, world.model, world.n, cfg, fast_lane=False) as eng:
         with pytest.raises(RuntimeError, match="sampler thread died"):
             eng.predict([1, 2], timeout=10)
         # the only sampler thread died; the supervisor restarts it and serving goes on

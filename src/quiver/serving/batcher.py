@@ -249,16 +249,23 @@ class DynamicBatcher:
             self._closed = True
             self._cond.notify_all()
 
-    def next_batch(self, timeout: float | None = None) -> Batch | None:
-        """Block until a batch closes; None when closed and drained (or on ``timeout``)."""
+    def next_batch(
+        self, timeout: float | None = None, max_wait_ms: float | None = None
+    ) -> Batch | None:
+        """Block until a batch closes; None when closed and drained (or on ``timeout``).
+
+        ``max_wait_ms`` overrides ``cfg.max_wait_ms`` for this batch (the engine passes 0 when
+        no batch is running, so an idle server does not wait for company).
+        """
         cfg = self.cfg
+        wait_ms = cfg.max_wait_ms if max_wait_ms is None else max_wait_ms
         with self._cond:
             if not self._cond.wait_for(lambda: self._queue or self._closed, timeout):
                 return None
             if not self._queue:
                 return None
             first = self._queue[0]
-            close_at = first.arrival + cfg.max_wait_ms / 1e3
+            close_at = first.arrival + wait_ms / 1e3
             taken: list[Request] = []
             nodes = 0
             psgs = 0.0

@@ -59,6 +59,8 @@ class _Sampled:
     picked: float  # perf_counter() when a sampler worker took the batch
     sampled: float = 0.0  # ... when sampling finished
     gathered: float = 0.0  # ... when the feature gather finished
+    closed: float = 0.0  # ... when the batcher closed the batch
+    lane: str = "pipeline"  # "fast": every stage on the batcher thread; "split": sampled there
 
 
 class Engine:
@@ -75,6 +77,13 @@ class Engine:
         cfg: batching and threading config.
         psgs_table: optional per-node PSGS for the batcher's PSGS budget.
         record: keep ``(seeds, n_id, adjs)`` of every batch in ``self.recorded`` (tests).
+        fast_lane: when no batch is in the pipeline, close a batch without waiting
+            ``max_wait_ms`` and run its stages back to back on the batcher thread (no hand-offs
+            to sleeping stage threads); if requests queue up meanwhile, the sampled batch goes
+            to the model thread and the batcher returns to batching. Under load (a batch in
+            flight) batches take the overlapped pipeline. ``self.lanes`` counts batches per lane.
+
+    Set ``engine.trace = []`` to record every answered batch's stage timestamps (benchmarks).
     """
 
     def __init__(
@@ -86,6 +95,7 @@ class Engine:
         cfg: ServeConfig | None = None,
         psgs_table=None,
         record: bool = False,
+        fast_lane: bool = True,
     ):
         self.cfg = cfg or ServeConfig()
         self.sampler = sampler
@@ -106,6 +116,11 @@ class Engine:
         self._supervisor: threading.Thread | None = None
         self._model_stops = 0
         self._started = False
+        self.fast_lane = fast_lane
+        self.lanes = {"fast": 0, "split": 0, "pipeline": 0}  # batches answered per lane
+        self.trace: list | None = None  # per-batch stage timestamps, when a list
+        self._in_pipeline = 0  # batches closed and not yet answered (or failed, or shed)
+        self._pipe_lock = threading.Lock()
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -232,32 +247,82 @@ class Engine:
     # ---- stages ----------------------------------------------------------------------------
     def _batch_loop(self) -> None:
         while True:
-            batch = self.batcher.next_batch(timeout=0.1)
+            # only this thread feeds the pipeline, so "idle" stays true while it waits here
+            idle = self.fast_lane and self._in_pipeline == 0
+            # idle: close at once; waiting for company only pays when a batch is running
+            batch = self.batcher.next_batch(timeout=0.1, max_wait_ms=0.0 if idle else None)
             if batch is None:
                 if self.batcher._closed and self.batcher.depth() == 0:
                     break
                 continue
-            self._sample_q.put(batch)
+            closed = time.perf_counter()
+            self._enter_pipeline()
+            if idle:
+                self._run_fast(batch, closed)
+            else:
+                self._sample_q.put((batch, closed))
         for _ in range(self.cfg.num_sampler_workers):
             self._sample_q.put(_STOP)
 
+    def _enter_pipeline(self) -> None:
+        with self._pipe_lock:
+            self._in_pipeline += 1
+
+    def _leave_pipeline(self) -> None:
+        with self._pipe_lock:
+            self._in_pipeline -= 1
+            assert self._in_pipeline >= 0, "a batch left the pipeline twice"
+
+    def _run_fast(self, batch: Batch, closed: float) -> None:
+        """Run an idle server's batch on this (the batcher) thread: no hand-off wake-ups.
+
+        Requests that arrive while it samples are the sign of load: then the model thread
+        runs the sampled batch, and this thread goes back to batching them at once.
+        """
+        handed_off = False
+        try:
+            batch = self._shed(batch, closed)
+            if batch is None:
+                return
+            s = self._sample(batch, closed, closed)
+            if self.batcher.depth() > 0:
+                s.lane = "split"
+                self._model_q.put(s)
+                handed_off = True
+                return
+            s.lane = "fast"
+            self._run_model(s)
+        except Exception as e:  # one bad batch answers its requests with the error
+            log.exception("fast lane failed for a batch of %d requests", len(batch.requests))
+            self._fail(batch, e)
+        except BaseException as e:  # the thread dies: answer first, the supervisor restarts it
+            self._fail(batch, RuntimeError(f"batcher thread died: {e!r}"))
+            raise
+        finally:
+            if not handed_off:
+                self._leave_pipeline()
+
     def _sample_loop(self) -> None:
         while True:
-            batch = self._sample_q.get()
-            if batch is _STOP:
+            item = self._sample_q.get()
+            if item is _STOP:
                 self._model_q.put(_STOP)
                 return
+            batch, closed = item
             picked = time.perf_counter()
             batch = self._shed(batch, picked)
             if batch is None:
+                self._leave_pipeline()
                 continue
             try:
-                self._model_q.put(self._sample(batch, picked))
+                self._model_q.put(self._sample(batch, picked, closed))
             except Exception as e:  # one bad batch answers its requests with the error
                 log.exception("sampling failed for a batch of %d requests", len(batch.requests))
                 self._fail(batch, e)
+                self._leave_pipeline()
             except BaseException as e:  # the thread dies: answer first, the supervisor restarts it
                 self._fail(batch, RuntimeError(f"sampler thread died: {e!r}"))
+                self._leave_pipeline()
                 raise
 
     def _shed(self, batch: Batch, now: float) -> Batch | None:
@@ -281,7 +346,7 @@ class Engine:
         seeds = np.concatenate([r.nodes for r in keep])
         return Batch(keep, seeds, sum(r.psgs for r in keep), batch.closed_by)
 
-    def _sample(self, batch: Batch, picked: float) -> _Sampled:
+    def _sample(self, batch: Batch, picked: float, closed: float) -> _Sampled:
         unique, inverse = np.unique(batch.seeds, return_inverse=True)
         seeds = torch.from_numpy(unique)
         route = getattr(self.sampler, "route", None)
@@ -295,7 +360,8 @@ class Engine:
         x = self.features[n_id]
         if self.record:
             self.recorded.append((seeds, n_id, adjs))
-        return _Sampled(batch, inverse, x, adjs, str(path), picked, sampled, time.perf_counter())
+        gathered = time.perf_counter()
+        return _Sampled(batch, inverse, x, adjs, str(path), picked, sampled, gathered, closed)
 
     def _model_loop(self) -> None:
         while self._model_stops < self.cfg.num_sampler_workers:
@@ -311,6 +377,8 @@ class Engine:
             except BaseException as e:
                 self._fail(item.batch, RuntimeError(f"model thread died: {e!r}"))
                 raise
+            finally:
+                self._leave_pipeline()
 
     def _run_model(self, s: _Sampled) -> None:
         batch = s.batch
@@ -333,6 +401,22 @@ class Engine:
         ):
             self.metrics.stage.labels(stage).observe(dt)
         self.metrics.batches.labels(s.path, batch.closed_by).inc()
+        self.lanes[s.lane] += 1
+        if self.trace is not None:
+            self.trace.append(
+                {
+                    "futures": [r.future for r in batch.requests],
+                    "arrivals": [r.arrival for r in batch.requests],
+                    "seeds": len(batch.seeds),
+                    "lane": s.lane,
+                    "closed": s.closed,
+                    "picked": s.picked,
+                    "sampled": s.sampled,
+                    "gathered": s.gathered,
+                    "started": started,
+                    "answered": now,  # futures are resolved right after this
+                }
+            )
         self.metrics.batch_nodes.observe(len(batch.seeds))
         start = 0
         for req in batch.requests:
