@@ -63,6 +63,12 @@ def parse_args(argv=None):
         "--sampler-threads", type=int, default=0, help="threads per sampling call (0: all cores)"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--modes",
+        default="pipeline,fast",
+        help="modes to compare: pipeline, fast, and either with a -1t suffix (the sampler "
+        "uses one thread per call instead of all cores)",
+    )
     p.add_argument("--out", default="data/fast-lane", help="output directory")
     return p.parse_args(argv)
 
@@ -176,18 +182,29 @@ def main(argv=None) -> int:
     lo, _, hi = args.sizes.partition("-")
     mix = loadgen.RequestMix(engine.node_count, int(lo), int(hi or lo))
     results: dict = {}
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m.removesuffix("-1t") not in ("pipeline", "fast")]
+    if bad:
+        raise SystemExit(f"unknown modes {bad}; use pipeline, fast, pipeline-1t, fast-1t")
+    cpu_sampler = getattr(engine.sampler, "sampler", engine.sampler)  # quiver.pyg wraps it
+    all_threads = cpu_sampler.num_threads
+
+    def set_mode(mode: str) -> None:
+        engine.fast_lane = mode.startswith("fast")
+        cpu_sampler.num_threads = 1 if mode.endswith("-1t") else all_threads
+
     try:
         warm = mix.draw(20, seed=999)
-        for mode in ("pipeline", "fast"):
-            engine.fast_lane = mode == "fast"
+        for mode in modes:
+            set_mode(mode)
             for nodes in warm:
                 engine.predict(nodes)
         for i, rate in enumerate(rates):
             requests = mix.draw(args.requests, seed=args.seed + i)
             for rnd in range(args.rounds):
-                order = ("pipeline", "fast") if (i + rnd) % 2 == 0 else ("fast", "pipeline")
-                for mode in order:
-                    engine.fast_lane = mode == "fast"
+                k = (i + rnd) % len(modes)  # rotate which mode goes first
+                for mode in modes[k:] + modes[:k]:
+                    set_mode(mode)
                     engine.trace = []
                     time.sleep(0.5)  # idle between runs, as between arrivals
                     rows = asyncio.run(open_loop(engine, requests, rate, args.seed + 100 + i))
@@ -195,7 +212,7 @@ def main(argv=None) -> int:
                     engine.trace = None
                     results.setdefault(rate, {}).setdefault(mode, []).append(b)
                     print(
-                        f"rate {rate:4g}/s round {rnd} {mode:<8}: p50 {b['p50']:6.1f}  "
+                        f"rate {rate:4g}/s round {rnd} {mode:<11}: p50 {b['p50']:6.1f}  "
                         f"p99 {b['p99']:6.1f} ms  lanes {b['lanes']}",
                         flush=True,
                     )
@@ -206,7 +223,7 @@ def main(argv=None) -> int:
 
     print("\nper request, mean ms over all rounds (client latency = lag + ... + back):")
     print(
-        f"{'rate':>5} {'mode':<8} {'n':>4} {'p50':>6} {'p95':>6} {'p99':>6} {'mean':>6} | "
+        f"{'rate':>5} {'mode':<11} {'n':>4} {'p50':>6} {'p95':>6} {'p99':>6} {'mean':>6} | "
         + " ".join(f"{k:>6}" for k in PARTS)
     )
     summary: dict = {}
@@ -233,18 +250,19 @@ def main(argv=None) -> int:
             }
             summary.setdefault(rate, {})[mode] = agg
             print(
-                f"{rate:5g} {mode:<8} {n:4d} {agg['p50']:6.1f} {agg['p95']:6.1f} "
+                f"{rate:5g} {mode:<11} {n:4d} {agg['p50']:6.1f} {agg['p95']:6.1f} "
                 f"{agg['p99']:6.1f} {agg['mean']:6.1f} | "
                 + " ".join(f"{agg['parts_mean'][k]:6.2f}" for k in PARTS)
             )
-    print("\nratios pipeline / fast (> 1: the fast lane is faster):")
+    print(f"\nratios {modes[0]} / other mode (> 1: the other mode is faster):")
     for rate, m in summary.items():
-        if "pipeline" in m and "fast" in m:
-            p, f = m["pipeline"], m["fast"]
+        p = m[modes[0]]
+        for mode in modes[1:]:
+            f = m[mode]
             print(
-                f"  {rate:4g} req/s: p50 {p['p50'] / f['p50']:.2f}x  p95 {p['p95'] / f['p95']:.2f}x"
-                f"  p99 {p['p99'] / f['p99']:.2f}x  mean {p['mean'] / f['mean']:.2f}x"
-                f"  (fast-mode lanes {f['lanes']})"
+                f"  {rate:4g} req/s {mode:<12}: p50 {p['p50'] / f['p50']:.2f}x  "
+                f"p95 {p['p95'] / f['p95']:.2f}x  p99 {p['p99'] / f['p99']:.2f}x  "
+                f"mean {p['mean'] / f['mean']:.2f}x  (lanes {f['lanes']})"
             )
     print("\nback to back, one request (ms): sample / gather / model = total")
     for size, v in stages.items():
