@@ -227,8 +227,8 @@ def main(argv=None) -> int:
         + " ".join(f"{k:>6}" for k in PARTS)
     )
     summary: dict = {}
-    for rate, modes in results.items():
-        for mode, runs in modes.items():
+    for rate, by_mode in results.items():
+        for mode, runs in by_mode.items():
             # every round's requests pooled: 2 rounds of 100 give a p99 that is not the max
             lat = np.concatenate([r["latencies"] for r in runs])
             n = len(lat)
