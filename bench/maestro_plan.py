@@ -37,6 +37,26 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
+def model_flops_per_sample(wl) -> float:
+    """Model FLOPs per sample of an analytical workload: each active section's forward, x3
+    for a trainable one (forward + backward), no recompute; with GPU-seconds per sample it
+    gives the model-FLOPs utilisation (MFU) a plan implies."""
+    from maestro.costmodel import micro_batch_features
+
+    frozen = {s.name: s.frozen for s in wl.sections}
+    total = 0.0
+    for s in wl.samples:
+        f = micro_batch_features([s.cost])
+        for n in s.sections:
+            total += wl.cost_model.shapes[n].forward_flops(f) * (1.0 if frozen[n] else 3.0)
+    return total / len(wl.samples)
+
+
+def _mfu(wl, gpu_hours_per_million: float) -> float:
+    gpu_s_per_sample = gpu_hours_per_million * 3600.0 / 1e6
+    return model_flops_per_sample(wl) / (gpu_s_per_sample * wl.cost_model.gpu.flops)
+
+
 def sim_part(gpu_list: list[int], plot: str, text_only: list[float]) -> None:
     from maestro.plan import SearchOptions, breakdown, compare, plan_monolithic
     from maestro.plan.workload import load_scenario, scenario_workload
@@ -46,11 +66,11 @@ def sim_part(gpu_list: list[int], plot: str, text_only: list[float]) -> None:
         "steady-state steps (4 replayed; a frozen section runs one step ahead, as the runtime); "
         "mono: balanced-sampler monolithic; mono(d-o): data-order shards; 1st: saving on one "
         "step from idle; bound: saving if all fill/drain overlapped; match: GPUs Maestro needs "
-        "for mono's rate"
+        "for mono's rate; MFU: model FLOPs utilisation of maestro / mono (no recompute FLOPs)"
     )
     print(
         f"{'scenario':<11}{'gpus':>5}{'maestro':>9}{'mono':>8}{'saving':>8}{'mono(d-o)':>10}"
-        f"{'saving':>8}{'1st':>7}{'bound':>7}{'match':>7}{'time s':>8}  layouts"
+        f"{'saving':>8}{'1st':>7}{'bound':>7}{'match':>7}{'MFU':>12}{'time s':>8}  layouts"
     )
     sizes: dict[str, list[tuple[int, float, float]]] = {}
     for fname in ("paper_kd.toml", "paper_mllm.toml"):
@@ -76,6 +96,8 @@ def sim_part(gpu_list: list[int], plot: str, text_only: list[float]) -> None:
                 f"{c.monolithic.gpu_hours_per_million:>8.2f}{100 * c.saving:>7.1f}%"
                 f"{raw.gpu_hours_per_million:>10.2f}{100 * raw_saving:>7.1f}%"
                 f"{100 * first:>6.1f}%{100 * c.saving_bound:>6.1f}%{match:>7}"
+                f"{100 * _mfu(wl, c.maestro.gpu_hours_per_million):>6.1f}/"
+                f"{100 * _mfu(wl, c.monolithic.gpu_hours_per_million):>4.1f}%"
                 f"{time.perf_counter() - t:>8.1f}  {c.maestro.describe()} | "
                 f"{c.monolithic.describe().removeprefix('monolithic: ').split(',')[0]}",
                 flush=True,
@@ -190,6 +212,11 @@ def validate_part(
             print(
                 f"{fname}: step correction (measured / replayed, profiling runs) "
                 + ", ".join(f"{k} {v:.3f}" for k, v in prof["step_scale"].items())
+                + "; by micro-batch size (used): "
+                + ", ".join(
+                    f"{k} " + " ".join(f"{m}:{v:.3f}" for m, v in t.items())
+                    for k, t in prof.get("step_scale_by_mbs", {}).items()
+                )
             )
         # the planned run schedules with the profile it was planned on (``cost_profile``), so
         # its wavefront schedule is the one the planner scored (without one, the runtime

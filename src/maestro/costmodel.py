@@ -436,6 +436,10 @@ class MeasuredCostModel(CostModel):
             replayed step time of the profiling runs (``maestro.sim.calibrate``): a
             step-level correction ``maestro.sim.replay`` applies for what it does not model;
             empty for an isolated profile.
+        step_scale_by_mbs: layout kind -> {largest micro-batch size of the profiling run:
+            its measured over replayed step time}; when present, ``step_factor`` uses it in
+            place of ``step_scale`` (the unmodelled waits of a section pipeline shrink as its
+            micro-batches grow: fewer, larger messages).
     """
 
     forward: dict[str, LinearFit]
@@ -451,6 +455,26 @@ class MeasuredCostModel(CostModel):
     scheduler_s: float = 0.0
     whole_model: WholeModelFit | None = None
     step_scale: dict[str, float] = field(default_factory=dict)
+    step_scale_by_mbs: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    def step_factor(self, kind: str, micro_batch: int) -> float:
+        """The step-level correction of a ``kind`` layout (``"sections"`` or ``"monolithic"``)
+        whose largest micro-batch holds ``micro_batch`` samples: ``step_scale_by_mbs``
+        interpolated linearly in log2 of the size between the measured sizes (clamped to the
+        nearest outside them), else ``step_scale[kind]``, else 1."""
+        table = self.step_scale_by_mbs.get(kind)
+        if not table:
+            return self.step_scale.get(kind, 1.0)
+        sizes = sorted(table)
+        m = max(float(micro_batch), 1.0)
+        if m <= sizes[0]:
+            return table[sizes[0]]
+        if m >= sizes[-1]:
+            return table[sizes[-1]]
+        hi = next(k for k in sizes if k >= m)
+        lo = max(k for k in sizes if k < m)
+        w = (math.log2(m) - math.log2(lo)) / (math.log2(hi) - math.log2(lo))
+        return (1.0 - w) * table[lo] + w * table[hi]
 
     def forward_time(self, section: str, feats: Features) -> float:
         try:
@@ -484,8 +508,9 @@ class MeasuredCostModel(CostModel):
         "forward_backward_s": y (optional)}, ...], "bytes_per": {...}, "param_bytes": n,
         "optimizer_s": t, "max_micro_batch": m (optional)}}, "link_bw": ..., "link_latency":
         ..., "step_overhead_s": t}``, and optionally ``"contention"``, ``"scheduler_s"``,
-        ``"step_scale"`` and a ``"monolithic"`` record (``WholeModelFit.from_record``), as
-        profiles fitted from real runs have (``maestro.sim.calibrate``). Features used for
+        ``"step_scale"``, ``"step_scale_by_mbs"`` and a ``"monolithic"`` record
+        (``WholeModelFit.from_record``), as profiles fitted from real runs have
+        (``maestro.sim.calibrate``). Features used for
         the fit are those that vary across the section's rows.
         """
         if not isinstance(profile, Mapping):
@@ -536,6 +561,10 @@ class MeasuredCostModel(CostModel):
                 WholeModelFit.from_record(whole, link_bw, link_latency) if whole else None
             ),
             step_scale={k: float(v) for k, v in profile.get("step_scale", {}).items()},
+            step_scale_by_mbs={
+                kind: {int(m): float(v) for m, v in table.items()}
+                for kind, table in profile.get("step_scale_by_mbs", {}).items()
+            },
         )
 
 

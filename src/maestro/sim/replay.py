@@ -172,8 +172,9 @@ def replay_steps(
             colocated step whose cost model has a ``whole_model`` fit (measured under the
             contention of a monolithic run already).
         step_scale: multiplies every replayed step's duration (default: the cost model's
-            ``step_scale`` for the step's kind, ``"sections"`` or ``"monolithic"``, else 1):
-            a correction measured on real runs for what the replay does not model
+            ``step_factor`` for the step's kind, ``"sections"`` or ``"monolithic"``, and its
+            largest micro-batch, else its ``step_scale`` for the kind, else 1): a correction
+            measured on real runs for what the replay does not model
             (``maestro.sim.calibrate``).
     """
     if contention is None:
@@ -243,11 +244,8 @@ def replay_steps(
         prev_all = ends[-1]
     bounds = [*begins[1:], ends[-1]]
     times = [b - a for a, b in zip(begins, bounds)]
-    scales = getattr(cost_model, "step_scale", None) or {}
     factors = [
-        step_scale
-        if step_scale is not None
-        else scales.get("monolithic" if sched.colocated else "sections", 1.0)
+        step_scale if step_scale is not None else _step_factor(cost_model, sched, sections)
         for sched, _ in steps
     ]
     if any(f != 1.0 for f in factors):
@@ -265,6 +263,27 @@ def replay_steps(
     return ReplayResult(times, ends, busiest)
 
 
+def largest_micro_batch(sched: Schedule, sections: Sequence[SectionSpec]) -> int:
+    """The micro-batch size a step's correction is keyed by, as ``maestro.sim.calibrate``
+    keys its profiling runs: a section layout's largest configured ``micro_batch_size``; a
+    colocated schedule's largest whole-model micro-batch (the monolithic size is not in the
+    specs), counted as its largest per-section part."""
+    if not sched.colocated:
+        return max((s.micro_batch_size for s in sections), default=1)
+    return max(
+        (len(mb.sample_ids) for reps in sched.order.values() for mbs in reps for mb in mbs),
+        default=1,
+    )
+
+
+def _step_factor(cost_model: CostModel, sched: Schedule, sections) -> float:
+    kind = "monolithic" if sched.colocated else "sections"
+    by_size = getattr(cost_model, "step_factor", None)
+    if by_size is not None:
+        return by_size(kind, largest_micro_batch(sched, sections))
+    return (getattr(cost_model, "step_scale", None) or {}).get(kind, 1.0)
+
+
 def _busiest(res: SimResult, colocated: bool) -> float:
     """The busiest rank's compute plus its all-reduce in one step."""
     if not res.sections:
@@ -278,4 +297,4 @@ def _busiest(res: SimResult, colocated: bool) -> float:
     )
 
 
-__all__ = ["ReplayResult", "busy_integral", "busy_overlap", "replay_steps"]
+__all__ = ["ReplayResult", "busy_integral", "busy_overlap", "largest_micro_batch", "replay_steps"]
