@@ -2,6 +2,8 @@
 
 Stages run in their own threads and overlap: while the model thread runs batch k, sampler
 workers already sample and gather batch k+1 (the numba sampler and torch release the GIL).
+An idle engine skips the hand-offs: its next batch closes at once and runs every stage on the
+batcher thread (the fast lane, ``Engine(fast_lane=True)``, the default).
 Bounded queues between stages keep memory flat; a full admission queue rejects (HTTP 429), and
 with ``shed_late`` so does a queue whose wait alone would break the deadline (see ServeConfig).
 Every request is answered: with its result (flagged ``late`` past its deadline) or an error.
