@@ -41,16 +41,55 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def rejections(url: str) -> dict[str, float]:
-    """The server's 429 counters by reason (``quiver_rejected_requests_total``)."""
+def server_counts(url: str) -> dict[tuple[str, str], float]:
+    """The server's 429 counters by reason and its latency/stage histogram buckets.
+
+    Keys: ``("rejected", reason)``, ``("latency", le)``, ``(stage, le)`` (cumulative counts).
+    """
     from prometheus_client.parser import text_string_to_metric_families
 
     out = {}
     for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
         for smp in fam.samples:
             if smp.name == "quiver_rejected_requests_total":
-                out[smp.labels.get("reason", "")] = smp.value
+                out["rejected", smp.labels.get("reason", "")] = smp.value
+            elif smp.name == "quiver_request_latency_seconds_bucket":
+                out["latency", smp.labels["le"]] = smp.value
+            elif smp.name == "quiver_stage_seconds_bucket":
+                out[smp.labels["stage"], smp.labels["le"]] = smp.value
     return out
+
+
+def server_view(before: dict, after: dict, slo_s: float) -> str:
+    """Where admitted requests spent their time in the server between two ``server_counts``.
+
+    The share of server-side latencies over the SLO (the rest of a client's late answers is the
+    HTTP path) and each stage's p99 bucket bound (per batch).
+    """
+
+    def diff(name: str) -> list[tuple[float, float]]:
+        rows = sorted(
+            (float(le), after[k] - before.get(k, 0.0))
+            for k, le in ((k, k[1]) for k in after)
+            if k[0] == name
+        )
+        return rows
+
+    def p99(rows) -> str:
+        total = rows[-1][1] if rows else 0.0
+        bound = next((le for le, c in rows if total and c >= 0.99 * total), float("nan"))
+        return f"<={bound * 1e3:g} ms"
+
+    lat = diff("latency")
+    total = lat[-1][1] if lat else 0.0
+    within = next((c for le, c in lat if le >= slo_s - 1e-9), total)
+    stages = ("queue", "sample", "gather", "model_wait", "model")
+    parts = ", ".join(f"{s} {p99(diff(s))}" for s in stages if diff(s))
+    share = (total - within) / total if total else 0.0
+    return (
+        f"server-side: {share:.2%} of {total:.0f} answers over the SLO, p99 {p99(lat)}; "
+        f"per-batch stage p99: {parts}"
+    )
 
 
 def prepare(preset: str, work: Path) -> tuple[Path, Path]:
@@ -104,6 +143,13 @@ def main() -> int:
         "cores, sends on schedule; 0: same priority",
     )
     ap.add_argument(
+        "--sustainable",
+        type=float,
+        default=0.0,
+        help="take this as the sustainable rate instead of probing --rates (for quick overload "
+        "experiments with --requests 0); 0: probe",
+    )
+    ap.add_argument(
         "--no-record", action="store_true", help="print the table only (no RELIABILITY.md append)"
     )
     args = ap.parse_args()
@@ -121,8 +167,9 @@ def main() -> int:
             httpx.post(f"{url}/v1/predict", json={"nodes": nodes}, timeout=60)
 
         # sustainable rate: highest probe rate meeting the SLO with nothing rejected
-        sustainable = 0.0
-        for i, rate in enumerate(float(r) for r in args.rates.split(",")):
+        sustainable = args.sustainable
+        probes = [] if sustainable > 0 else [float(r) for r in args.rates.split(",")]
+        for i, rate in enumerate(probes):
             for attempt in range(2):  # a failing probe is retried once: one stall is not capacity
                 res = asyncio.run(
                     window(url, mix, int(rate * 5), rate, seed=100 + i + 50 * attempt)
@@ -180,15 +227,16 @@ def main() -> int:
         over = 2 * sustainable
         n_over = int(over * args.overload_s)
         t_over = time.monotonic()
-        before = rejections(url)
+        before = server_counts(url)
         res = asyncio.run(window(url, mix, n_over, over, seed=7))
         over_s = time.monotonic() - t_over
-        after = rejections(url)
+        after = server_counts(url)
         why = ", ".join(
-            f"{k} {after[k] - before.get(k, 0):.0f}"
+            f"{k[1]} {after[k] - before.get(k, 0):.0f}"
             for k in sorted(after)
-            if after[k] > before.get(k, 0) and k != "invalid"
+            if k[0] == "rejected" and after[k] > before.get(k, 0) and k[1] != "invalid"
         )
+        print(f"overload {server_view(before, after, args.slo_ms / 1e3)}", flush=True)
         recovery = float("nan")
         t_rec = time.monotonic()
         for j in range(20):  # 1 s windows at 80% until p99 is back under the SLO

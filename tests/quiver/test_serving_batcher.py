@@ -182,7 +182,7 @@ def test_in_flight_limit_waits_for_slow_answers_before_refusing():
     # a burst past the limit is admitted while nobody has waited long (no answer is slow yet)
     burst = [b.submit([i]) for i in range(MIN_IN_FLIGHT + 8)]
     assert len(burst) == MIN_IN_FLIGHT + 8
-    time.sleep(0.75)  # now the oldest has been in flight past 70% of the 1 s SLO
+    time.sleep(0.75)  # now the oldest has been in flight past IN_FLIGHT_SLO_SHARE of the 1 s SLO
     with pytest.raises(Overloaded, match="in flight"):
         b.submit([0])
 

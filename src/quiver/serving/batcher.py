@@ -22,8 +22,11 @@ from quiver.serving.config import OUTPUTS, ServeConfig
 #: Floor of the in-flight admission limit: a burst this large is always let in (when the queue
 #: is not otherwise past its deadline budget), so light load with bursty clients is not shed.
 MIN_IN_FLIGHT = 32
-#: The in-flight limit targets a mean time to answer of this share of the SLO (Little's law).
-IN_FLIGHT_SLO_SHARE = 0.7
+#: The in-flight limit targets a mean time to answer of this share of the SLO (Little's law);
+#: the door also waits until the oldest unanswered request has been in for this share. The tail
+#: is about twice the mean: at 2x overload (2 cores, 100 ms SLO) 0.7 gave an admitted p99 of
+#: 109-128 ms, 0.5 gave 95-101 ms and 0.4 gave 77 ms (RELIABILITY.md, 2026-11-30).
+IN_FLIGHT_SLO_SHARE = 0.4
 #: Time constant (s) with which the remembered peak drain rate decays.
 PEAK_RATE_DECAY_S = 10.0
 
