@@ -436,7 +436,7 @@ class MeasuredCostModel(CostModel):
             replayed step time of the profiling runs (``maestro.sim.calibrate``): a
             step-level correction ``maestro.sim.replay`` applies for what it does not model;
             empty for an isolated profile.
-        step_scale_by_mbs: layout kind -> {largest micro-batch size of the profiling run:
+        step_scale_by_mbs: layout kind -> {micro-batch size of the profiling run:
             its measured over replayed step time}; when present, ``step_factor`` uses it in
             place of ``step_scale`` (the unmodelled waits of a section pipeline shrink as its
             micro-batches grow: fewer, larger messages).
@@ -459,9 +459,9 @@ class MeasuredCostModel(CostModel):
 
     def step_factor(self, kind: str, micro_batch: int) -> float:
         """The step-level correction of a ``kind`` layout (``"sections"`` or ``"monolithic"``)
-        whose largest micro-batch holds ``micro_batch`` samples: ``step_scale_by_mbs``
-        interpolated linearly in log2 of the size between the measured sizes (clamped to the
-        nearest outside them), else ``step_scale[kind]``, else 1."""
+        keyed by ``micro_batch`` samples (``maestro.sim.replay.correction_micro_batch``):
+        ``step_scale_by_mbs`` interpolated linearly in log2 of the size between the measured
+        sizes (clamped to the nearest outside them), else ``step_scale[kind]``, else 1."""
         table = self.step_scale_by_mbs.get(kind)
         if not table:
             return self.step_scale.get(kind, 1.0)

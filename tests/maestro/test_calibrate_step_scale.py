@@ -11,7 +11,7 @@ import pytest
 from maestro.costmodel import LinearFit, MeasuredCostModel
 from maestro.schedule import SampleInfo, SectionSpec, fifo_schedule, monolithic_schedule
 from maestro.sim.calibrate import step_scale_by_size
-from maestro.sim.replay import largest_micro_batch, replay_steps
+from maestro.sim.replay import correction_micro_batch, replay_steps
 
 
 def _kd_like():
@@ -84,21 +84,21 @@ def test_replay_scales_each_step_by_its_own_micro_batch_size():
     samples, sections, cm = _kd_like()
     sched = fifo_schedule(samples, sections)
     plain = replay_steps([(sched, samples)] * 3, sections, cm, step_scale=1.0)
-    # the layout's largest micro-batch is the teacher's 4
-    assert largest_micro_batch(sched, sections) == 4
+    # the layout's smallest micro-batch (the most micro-batches) is the student's 2
+    assert correction_micro_batch(sched, sections) == 2
     cm.step_scale = {"sections": 2.0}
     cm.step_scale_by_mbs = {"sections": {2: 1.5, 4: 1.25}}
     got = replay_steps([(sched, samples)] * 3, sections, cm)
-    assert got.step_times == pytest.approx([1.25 * t for t in plain.step_times])
-    # smaller micro-batches: another schedule, its own factor
-    small = [replace(s, micro_batch_size=2) for s in sections]
-    ssched = fifo_schedule(samples, small)
-    bare = replay_steps([(ssched, samples)], small, cm, step_scale=1.0).step_time
-    assert replay_steps([(ssched, samples)], small, cm).step_time == pytest.approx(1.5 * bare)
+    assert got.step_times == pytest.approx([1.5 * t for t in plain.step_times])
+    # larger micro-batches: another schedule, its own factor
+    big = [replace(s, micro_batch_size=4) for s in sections]
+    bsched = fifo_schedule(samples, big)
+    bare = replay_steps([(bsched, samples)], big, cm, step_scale=1.0).step_time
+    assert replay_steps([(bsched, samples)], big, cm).step_time == pytest.approx(1.25 * bare)
     # a colocated step is keyed by its whole-model micro-batch (here 2 of the 4 per rank)
     mono = [replace(s, dp=2, micro_batch_size=4) for s in sections]
     msched = monolithic_schedule(samples, mono, world_size=2, micro_batch_size=2)
-    assert largest_micro_batch(msched, mono) == 2
+    assert correction_micro_batch(msched, mono) == 2
     cm.step_scale_by_mbs["monolithic"] = {2: 3.0, 4: 1.0}
     mbare = replay_steps([(msched, samples)], mono, cm, step_scale=1.0).step_time
     assert replay_steps([(msched, samples)], mono, cm).step_time == pytest.approx(3.0 * mbare)

@@ -572,7 +572,8 @@ def step_scale_by_size(rows: Sequence[Mapping]) -> dict[str, dict[int, float]]:
     constant: on this machine a 2-rank KD section pipeline measures 1.35-1.48x its replay at
     micro-batches 1-2 and 1.11-1.18x at 8 (more, smaller messages, each a wait the replay
     does not see), so one median over all sizes would over-charge the large micro-batches
-    the planner picks."""
+    the planner picks. A row's size is its layout's smallest micro-batch (the profiling runs
+    use one size for every section)."""
     by: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
         if r["replayed_s"] > 0:
@@ -599,7 +600,7 @@ def _step_scale(prof: dict, measured) -> tuple[dict[str, float], list[dict]]:
         mbs = (
             cfg.monolithic_micro_batch_size
             if mono
-            else max(sc.micro_batch_size for sc in cfg.sections.values())
+            else min(sc.micro_batch_size for sc in cfg.sections.values())
         )
         rows.append({"layout": kind, "micro_batch": mbs, "measured_s": got, "replayed_s": pred})
     return {k: _median(v, 1.0) for k, v in ratios.items()}, rows

@@ -263,13 +263,15 @@ def replay_steps(
     return ReplayResult(times, ends, busiest)
 
 
-def largest_micro_batch(sched: Schedule, sections: Sequence[SectionSpec]) -> int:
-    """The micro-batch size a step's correction is keyed by, as ``maestro.sim.calibrate``
-    keys its profiling runs: a section layout's largest configured ``micro_batch_size``; a
-    colocated schedule's largest whole-model micro-batch (the monolithic size is not in the
-    specs), counted as its largest per-section part."""
+def correction_micro_batch(sched: Schedule, sections: Sequence[SectionSpec]) -> int:
+    """The micro-batch size a step's correction is keyed by (the profiling runs use one size
+    for every section): a section layout's smallest configured ``micro_batch_size`` (its most
+    numerous micro-batches, so messages and waits: a 2-rank MLLM layout with vision 4 / LLM 2
+    measured as the profiling runs at 2 did, not at 4); a colocated schedule's largest
+    whole-model micro-batch (the monolithic size is not in the specs), counted as its
+    largest per-section part."""
     if not sched.colocated:
-        return max((s.micro_batch_size for s in sections), default=1)
+        return min((s.micro_batch_size for s in sections), default=1)
     return max(
         (len(mb.sample_ids) for reps in sched.order.values() for mbs in reps for mb in mbs),
         default=1,
@@ -280,7 +282,7 @@ def _step_factor(cost_model: CostModel, sched: Schedule, sections) -> float:
     kind = "monolithic" if sched.colocated else "sections"
     by_size = getattr(cost_model, "step_factor", None)
     if by_size is not None:
-        return by_size(kind, largest_micro_batch(sched, sections))
+        return by_size(kind, correction_micro_batch(sched, sections))
     return (getattr(cost_model, "step_scale", None) or {}).get(kind, 1.0)
 
 
@@ -297,4 +299,10 @@ def _busiest(res: SimResult, colocated: bool) -> float:
     )
 
 
-__all__ = ["ReplayResult", "busy_integral", "busy_overlap", "largest_micro_batch", "replay_steps"]
+__all__ = [
+    "ReplayResult",
+    "busy_integral",
+    "busy_overlap",
+    "correction_micro_batch",
+    "replay_steps",
+]
