@@ -187,6 +187,34 @@ def test_in_flight_limit_waits_for_slow_answers_before_refusing():
         b.submit([0])
 
 
+def test_overloaded_door_stays_closed_until_answers_are_fast_again():
+    from quiver.serving.batcher import MIN_IN_FLIGHT
+
+    cfg = ServeConfig(slo_ms=1000, max_wait_ms=0)
+    b = DynamicBatcher(cfg, node_count=100)
+    for _ in range(2):  # a slow trickle: the limit is the MIN_IN_FLIGHT floor
+        req = b.submit([1])
+        b.next_batch(timeout=1)
+        req.future.set_result(None)
+        time.sleep(0.2)
+    first = [b.submit([i]) for i in range(MIN_IN_FLIGHT + 8)]
+    time.sleep(0.35)  # past the limit, the oldest in for 35% of the SLO: not yet overload
+    second = [b.submit([i]) for i in range(MIN_IN_FLIGHT + 8)]
+    assert not b.overloaded
+    time.sleep(0.4)  # the oldest now in for 75% of the SLO: overload, the door closes
+    with pytest.raises(Overloaded, match="in flight"):
+        b.submit([0])
+    assert b.overloaded
+    for req in first:  # the oldest are answered; the next are in for ~40%, still past the
+        req.future.set_result(None)  # 20% exit share: the door stays closed (hysteresis)
+    with pytest.raises(Overloaded, match="in flight"):
+        b.submit([0])
+    for req in second:  # everything answered: overload over, the door opens
+        req.future.set_result(None)
+    b.submit([0])
+    assert not b.overloaded
+
+
 def test_answered_requests_are_not_retained():
     # the soak once grew by ~3.7 KB per request: the admission bookkeeping kept every request
     import gc

@@ -109,12 +109,14 @@ def test_metrics_parse_as_prometheus_text(served):
     for name in (
         "quiver_request_latency_seconds",
         "quiver_queue_depth",
+        "quiver_overloaded",
         "quiver_batch_seed_nodes",
         "quiver_batches",
         "quiver_rejected_requests",
         "quiver_late_requests",
     ):
         assert name in fams, name
+    assert fams["quiver_overloaded"].samples[0].value == 0.0  # two requests: no overload
     lat = {s.name: s.value for s in fams["quiver_request_latency_seconds"].samples}
     assert lat["quiver_request_latency_seconds_count"] >= 1
     rejected = {

@@ -22,11 +22,18 @@ from quiver.serving.config import OUTPUTS, ServeConfig
 #: Floor of the in-flight admission limit: a burst this large is always let in (when the queue
 #: is not otherwise past its deadline budget), so light load with bursty clients is not shed.
 MIN_IN_FLIGHT = 32
-#: The in-flight limit targets a mean time to answer of this share of the SLO (Little's law);
-#: the door also waits until the oldest unanswered request has been in for this share. The tail
-#: is about twice the mean: at 2x overload (2 cores, 100 ms SLO) 0.7 gave an admitted p99 of
-#: 109-128 ms, 0.5 gave 95-101 ms and 0.4 gave 77 ms (RELIABILITY.md, 2026-11-30).
+#: The in-flight limit targets a mean time to answer of this share of the SLO (Little's law).
+#: The tail is about twice the mean: at 2x overload (2 cores, 100 ms SLO) 0.7 gave an admitted
+#: p99 of 109-128 ms, 0.5 gave 95-101 ms and 0.4 gave 63-77 ms (RELIABILITY.md, 2026-11-30).
 IN_FLIGHT_SLO_SHARE = 0.4
+#: The door starts enforcing the in-flight limit only once the oldest unanswered request has
+#: been in the server this share of the SLO (evidence of overload: a burst under moderate load
+#: briefly puts many requests in flight without making anyone slow) ...
+OVERLOAD_ENTER_SHARE = 0.7
+#: ... and keeps enforcing it until the oldest is younger than this share (hysteresis: under a
+#: sustained overload the limit alone holds the oldest near IN_FLIGHT_SLO_SHARE, so a single
+#: gate between the two would keep reopening the door to a rush of requests).
+OVERLOAD_EXIT_SHARE = 0.2
 #: Time constant (s) with which the remembered peak drain rate decays.
 PEAK_RATE_DECAY_S = 10.0
 
@@ -121,6 +128,7 @@ class DynamicBatcher:
         self._peak_rate, self._peak_at = 0.0, 0.0  # highest recent drain rate and when
         self._in_flight = 0  # admitted requests whose future is not done yet
         self._admitted: deque[Request] = deque()  # admission order; done ones leave lazily
+        self.overloaded = False  # the door enforces the in-flight limit (see OVERLOAD_*_SHARE)
 
     def observe_service(self, seconds: float) -> None:
         """Record one batch's pick-up-to-answer time; ``service_s`` is the median of the last 32."""
@@ -206,13 +214,16 @@ class DynamicBatcher:
                 f"overloaded: queued requests wait {(now - queue[0].arrival) * 1e3:.0f} ms, "
                 f"past the {self.cfg.slo_ms:g} ms deadline budget; retry later"
             )
-        if self._in_flight >= self.in_flight_limit(now) and self._oldest_in_flight_s(
-            now
-        ) > IN_FLIGHT_SLO_SHARE * (self.cfg.slo_ms / 1e3):
+        slo = self.cfg.slo_ms / 1e3
+        full = self._in_flight >= self.in_flight_limit(now)
+        oldest = self._oldest_in_flight_s(now)
+        if self.overloaded:
+            self.overloaded = oldest >= OVERLOAD_EXIT_SHARE * slo
+        else:
+            self.overloaded = full and oldest > OVERLOAD_ENTER_SHARE * slo
+        if full and self.overloaded:
             # Little's law: at the measured capacity more unanswered requests would only
             # queue. Refusing at the door is quick; refusing after a wait (at pick-up) is slow.
-            # Only while answers are actually slow: a burst under moderate load briefly puts
-            # many requests in flight without making anyone late.
             return (
                 f"overloaded: {self._in_flight} requests in flight, the most that keep the "
                 f"{self.cfg.slo_ms:g} ms deadline at this server's rate; retry later"

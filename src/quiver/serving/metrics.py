@@ -30,7 +30,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 class _LiveGauges:
-    """Collector that reads queue depth and feature-tier hits at scrape time."""
+    """Collector that reads queue depth, the overload state and feature-tier hits at scrape time."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -39,6 +39,11 @@ class _LiveGauges:
         g = GaugeMetricFamily("quiver_queue_depth", "Requests admitted and waiting to be batched")
         g.add_metric([], self.engine.queue_depth())
         yield g
+        o = GaugeMetricFamily(
+            "quiver_overloaded", "1 while admission holds requests in flight at the limit (429s)"
+        )
+        o.add_metric([], float(self.engine.batcher.overloaded))
+        yield o
         stats = self.engine.feature_stats()
         if stats:
             t = GaugeMetricFamily(
