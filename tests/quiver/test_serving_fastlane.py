@@ -69,8 +69,9 @@ def test_an_idle_engine_runs_each_batch_on_the_batcher_thread_without_the_window
 
 def test_without_the_fast_lane_an_idle_engine_waits_the_window_and_hands_off(world):
     sampler = _Recording(world.sampler)
-    cfg = ServeConfig(max_wait_ms=300, slo_ms=60_000)
-    eng = Engine(sampler, world.x, world.model, world.n, cfg, fast_lane=False)
+    cfg = ServeConfig(max_wait_ms=300, slo_ms=60_000, fast_lane=False)
+    assert Engine(sampler, world.x, world.model, world.n, cfg, fast_lane=True).fast_lane
+    eng = Engine(sampler, world.x, world.model, world.n, cfg)  # the config turns it off
     eng.warmup()
     with eng:
         res = eng.predict([1], timeout=30)
@@ -208,3 +209,12 @@ def test_next_batch_max_wait_override_closes_at_once():
     batch = b.next_batch(timeout=1, max_wait_ms=0)
     assert batch is not None and batch.seeds.tolist() == [1]
     assert time.perf_counter() - t0 < 1.0  # not the configured 5 s
+
+
+@pytest.mark.parametrize("flag, want", [([], True), (["--no-fast-lane"], False)])
+def test_serve_cli_fast_lane_flag(flag, want):
+    from quiver.cli import build_parser
+    from quiver.commands.serve import serve_config
+
+    args = build_parser().parse_args(["serve", "data", "--checkpoint", "c.pt", *flag])
+    assert serve_config(args).fast_lane is want

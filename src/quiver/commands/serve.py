@@ -17,6 +17,13 @@ def add_serve_options(p) -> None:
         action="store_false",
         help="do not shed requests that queueing makes miss --slo-ms (429); count bound only",
     )
+    p.add_argument(
+        "--no-fast-lane",
+        dest="fast_lane",
+        action="store_false",
+        help="always use the overlapped pipeline, also when idle (default: an idle server runs a "
+        "batch's stages back to back on one thread)",
+    )
     p.add_argument("--max-request-nodes", type=int, default=1024, help="ids per request (1024)")
     p.add_argument("--sampler-workers", type=int, default=2, help="sampling threads (2)")
     p.add_argument(
@@ -40,6 +47,7 @@ def serve_config(args):
         slo_ms=args.slo_ms,
         num_sampler_workers=args.sampler_workers,
         shed_late=args.shed_late,
+        fast_lane=args.fast_lane,
     )
 
 

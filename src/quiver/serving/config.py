@@ -31,9 +31,13 @@ class ServeConfig:
             (default True): a new request is refused at once while the oldest queued one has
             waited longer than ``max(slo - service, service)`` (``service``: median time from a
             batch's pick-up to its answer over the last 32 batches), and a request that waited
-            that long when its batch is picked up is answered with 429 instead of being run. A
+            that long when its batch is picked up is answered with 429 instead of being run.
+            Under a sustained overload the door also holds the unanswered requests at an
+            in-flight limit (``DynamicBatcher.in_flight_limit``, with hysteresis). A
             count-bounded queue alone absorbs overload as latency; this sheds it instead, so
             admitted requests keep the SLO. False: only ``queue_capacity`` bounds admission.
+        fast_lane: an idle engine runs its next batch's stages back to back on one thread
+            without the batch window (default True; ``Engine`` documents it).
     """
 
     max_request_nodes: int = 1024
@@ -46,6 +50,7 @@ class ServeConfig:
     pipeline_depth: int = 2
     torch_threads: int = 1
     shed_late: bool = True
+    fast_lane: bool = True
 
     def __post_init__(self):
         for name in (

@@ -79,7 +79,8 @@ class Engine:
         cfg: batching and threading config.
         psgs_table: optional per-node PSGS for the batcher's PSGS budget.
         record: keep ``(seeds, n_id, adjs)`` of every batch in ``self.recorded`` (tests).
-        fast_lane: when no batch is in the pipeline, close a batch without waiting
+        fast_lane: (default: ``cfg.fast_lane``, True) when no batch is in the pipeline, close
+            a batch without waiting
             ``max_wait_ms`` and run its stages back to back on the batcher thread (no hand-offs
             to sleeping stage threads); if requests queue up meanwhile, the sampled batch goes
             to the model thread and the batcher returns to batching. Under load (a batch in
@@ -97,7 +98,7 @@ class Engine:
         cfg: ServeConfig | None = None,
         psgs_table=None,
         record: bool = False,
-        fast_lane: bool = True,
+        fast_lane: bool | None = None,
     ):
         self.cfg = cfg or ServeConfig()
         self.sampler = sampler
@@ -118,7 +119,7 @@ class Engine:
         self._supervisor: threading.Thread | None = None
         self._model_stops = 0
         self._started = False
-        self.fast_lane = fast_lane
+        self.fast_lane = self.cfg.fast_lane if fast_lane is None else bool(fast_lane)
         self.lanes = {"fast": 0, "split": 0, "pipeline": 0}  # batches answered per lane
         self.trace: list | None = None  # per-batch stage timestamps, when a list
         self._in_pipeline = 0  # batches closed and not yet answered (or failed, or shed)
