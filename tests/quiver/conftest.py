@@ -28,6 +28,25 @@ def small_world(num_nodes=300, in_degree=3, fanouts=(4, 4), seed=0, dim=8, class
     return topo, x, model, sampler
 
 
+def skewed_world(num_nodes, num_edges, seed, dim=6, classes=3):
+    """A skewed random graph whose busiest rows exceed small fanouts, so answers depend on the
+    random sample: ``(topo, x, model)`` with a 2-layer SAGE model over ``dim`` features."""
+    rng = np.random.default_rng(seed)
+    src = (num_nodes * rng.random(num_edges) ** 2).astype(np.int64)
+    dst = (num_nodes * rng.random(num_edges) ** 1.5).astype(np.int64)
+    topo = CSRTopo.from_edge_index(torch.from_numpy(np.stack([src, dst])), num_nodes=num_nodes)
+    torch.manual_seed(seed)
+    x = torch.randn(num_nodes, dim)
+    model = build_model(ModelConfig("sage", dim, classes, hidden_dim=8, num_layers=2)).eval()
+    return topo, x, model
+
+
+@pytest.fixture
+def make_skewed_world():
+    """``skewed_world`` as a fixture (test modules cannot import conftest helpers)."""
+    return skewed_world
+
+
 def offline_logits(model, sampler, x, nodes):
     """Logits of each node served alone, in the order given: ``(len(nodes), classes)``."""
     rows = []

@@ -6,23 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from quiver import CSRTopo
-from quiver.models import ModelConfig, build_model
 from quiver.pyg import GraphSageSampler
 from quiver.serving import Engine, Overloaded, ServeConfig, ShuttingDown
 
 
-def test_answers_equal_offline_forward_on_the_same_sampled_subgraph():
+def test_answers_equal_offline_forward_on_the_same_sampled_subgraph(make_skewed_world):
     # a skewed graph whose rows exceed the fanouts: answers depend on the random sample, so the
     # engine records each batch's subgraph and the test recomputes it offline
-    rng = np.random.default_rng(1)
     n = 500
-    src = (n * rng.random(6000) ** 2).astype(np.int64)
-    dst = (n * rng.random(6000) ** 1.5).astype(np.int64)
-    topo = CSRTopo.from_edge_index(torch.from_numpy(np.stack([src, dst])), num_nodes=n)
-    torch.manual_seed(0)
-    x = torch.randn(n, 6)
-    model = build_model(ModelConfig("sage", 6, 3, hidden_dim=8, num_layers=2)).eval()
+    topo, x, model = make_skewed_world(n, 6000, seed=1)
     sampler = GraphSageSampler(topo, [5, 3], mode="CPU", seed=3)
     # a generous SLO: the first call may load the compiled kernel
     cfg = ServeConfig(max_wait_ms=0, num_sampler_workers=1, slo_ms=60_000)

@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from quiver import CSRTopo
-from quiver.models import ModelConfig, build_model
 from quiver.pyg import GraphSageSampler
 from quiver.serving import Engine, ServeConfig
 from quiver.serving.batcher import DynamicBatcher
@@ -105,17 +103,11 @@ def test_requests_arriving_during_a_fast_batch_send_it_on_and_take_the_pipeline(
     assert eng._in_pipeline == 0
 
 
-def test_fast_lane_answers_equal_the_pipelined_path_with_a_seeded_sampler():
+def test_fast_lane_answers_equal_the_pipelined_path_with_a_seeded_sampler(make_skewed_world):
     # rows longer than the fanouts: answers depend on the random sample, so equal answers mean
     # the same sampler stream and the same forward on either path
-    rng = np.random.default_rng(2)
     n = 400
-    src = (n * rng.random(5000) ** 2).astype(np.int64)
-    dst = (n * rng.random(5000) ** 1.5).astype(np.int64)
-    topo = CSRTopo.from_edge_index(torch.from_numpy(np.stack([src, dst])), num_nodes=n)
-    torch.manual_seed(1)
-    x = torch.randn(n, 6)
-    model = build_model(ModelConfig("sage", 6, 3, hidden_dim=8, num_layers=2)).eval()
+    topo, x, model = make_skewed_world(n, 5000, seed=2)
     requests = [[0, 1, 2], [9], [350, 3, 9], [1, 1, 4]]
     out = {}
     for fast in (True, False):
