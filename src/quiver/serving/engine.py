@@ -80,11 +80,11 @@ class Engine:
         psgs_table: optional per-node PSGS for the batcher's PSGS budget.
         record: keep ``(seeds, n_id, adjs)`` of every batch in ``self.recorded`` (tests).
         fast_lane: (default: ``cfg.fast_lane``, True) when no batch is in the pipeline, close
-            a batch without waiting
-            ``max_wait_ms`` and run its stages back to back on the batcher thread (no hand-offs
-            to sleeping stage threads); if requests queue up meanwhile, the sampled batch goes
-            to the model thread and the batcher returns to batching. Under load (a batch in
-            flight) batches take the overlapped pipeline. ``self.lanes`` counts batches per lane.
+            a batch without waiting ``max_wait_ms`` and run its stages back to back on the
+            batcher thread (no hand-offs to sleeping stage threads); if requests queue up
+            meanwhile, the sampled batch goes to the model thread and the batcher returns to
+            batching. Under load (a batch in flight) batches take the overlapped pipeline.
+            ``self.lanes`` counts batches per lane.
 
     Set ``engine.trace = []`` to record every answered batch's stage timestamps (benchmarks).
     """
