@@ -1,6 +1,7 @@
 """Hypothesis-driven HTTP fuzzing: no malformed body ever gets a 5xx or hangs the server."""
 
 import json
+import os
 
 import httpx
 import pytest
@@ -44,8 +45,11 @@ def server(module_world):
     eng.stop()
 
 
+# CI runs 150 bodies; RELIABILITY.md records a longer run (QUIVER_FUZZ_EXAMPLES=5000)
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=int(os.environ.get("QUIVER_FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(body=bodies)
 def test_no_body_gets_a_5xx(server, body):
