@@ -117,6 +117,8 @@ def test_metrics_parse_as_prometheus_text(served):
     ):
         assert name in fams, name
     assert fams["quiver_overloaded"].samples[0].value == 0.0  # two requests: no overload
+    lanes = {s.labels["lane"]: s.value for s in fams["quiver_lane_batches"].samples}
+    assert set(lanes) == {"fast", "split", "pipeline"} and sum(lanes.values()) >= 1
     lat = {s.name: s.value for s in fams["quiver_request_latency_seconds"].samples}
     assert lat["quiver_request_latency_seconds_count"] >= 1
     rejected = {

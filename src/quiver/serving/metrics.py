@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # Latency buckets in seconds: dense around typical SLOs (1-100 ms).
 LATENCY_BUCKETS = (
@@ -30,7 +30,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 
 
 class _LiveGauges:
-    """Collector that reads queue depth, the overload state and feature-tier hits at scrape time."""
+    """Collector that reads queue depth, the overload state, lane counts and feature-tier hits
+    at scrape time."""
 
     def __init__(self, engine):
         self.engine = engine
@@ -44,6 +45,14 @@ class _LiveGauges:
         )
         o.add_metric([], float(self.engine.batcher.overloaded))
         yield o
+        lanes = CounterMetricFamily(
+            "quiver_lane_batches",
+            "Batches answered by lane: fast (idle, one thread), split, pipeline",
+            labels=["lane"],
+        )
+        for lane, count in self.engine.lanes.items():
+            lanes.add_metric([lane], float(count))
+        yield lanes
         stats = self.engine.feature_stats()
         if stats:
             t = GaugeMetricFamily(
