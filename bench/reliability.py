@@ -68,12 +68,7 @@ def server_view(before: dict, after: dict, slo_s: float) -> str:
     """
 
     def diff(name: str) -> list[tuple[float, float]]:
-        rows = sorted(
-            (float(le), after[k] - before.get(k, 0.0))
-            for k, le in ((k, k[1]) for k in after)
-            if k[0] == name
-        )
-        return rows
+        return sorted((float(k[1]), after[k] - before.get(k, 0.0)) for k in after if k[0] == name)
 
     def p99(rows) -> str:
         total = rows[-1][1] if rows else 0.0
