@@ -41,6 +41,24 @@ def skewed_world(num_nodes, num_edges, seed, dim=6, classes=3):
     return topo, x, model
 
 
+class ExplodingSampler:
+    """Wraps a sampler and fails on batches that contain node 13."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def sample(self, seeds):
+        if (seeds == 13).any():
+            raise RuntimeError("sampler crashed")
+        return self.inner.sample(seeds)
+
+
+@pytest.fixture
+def exploding_sampler():
+    """``ExplodingSampler`` as a fixture (test modules cannot import conftest helpers)."""
+    return ExplodingSampler
+
+
 @pytest.fixture
 def make_skewed_world():
     """``skewed_world`` as a fixture (test modules cannot import conftest helpers)."""

@@ -73,22 +73,12 @@ def test_outputs_class_and_embedding(world):
     assert emb.shape == (2, 16)
 
 
-class _Exploding:
-    """Wraps a sampler and fails on batches that contain node 13."""
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def sample(self, seeds):
-        if (seeds == 13).any():
-            raise RuntimeError("sampler worker crashed")
-        return self.inner.sample(seeds)
-
-
-def test_a_failing_batch_answers_its_requests_with_the_error_and_serving_continues(world):
+def test_a_failing_batch_answers_its_requests_with_the_error_and_serving_continues(
+    world, exploding_sampler
+):
     topo, x, model, sampler = world.topo, world.x, world.model, world.sampler
     cfg = ServeConfig(max_wait_ms=0)
-    with Engine(_Exploding(sampler), x, model, topo.node_count, cfg) as eng:
+    with Engine(exploding_sampler(sampler), x, model, topo.node_count, cfg) as eng:
         with pytest.raises(RuntimeError, match="crashed"):
             eng.predict([13, 2])
         assert eng.predict([2]).values.shape == (1,)

@@ -126,19 +126,11 @@ def test_fast_lane_answers_equal_the_pipelined_path_with_a_seeded_sampler(make_s
     assert any(not np.allclose(a, b) for a, b in zip(other, out[True]))
 
 
-class _Exploding:
-    def __init__(self, inner):
-        self.inner = inner
-
-    def sample(self, seeds):
-        if (seeds == 13).any():
-            raise RuntimeError("sampler crashed")
-        return self.inner.sample(seeds)
-
-
-def test_a_failing_fast_batch_is_answered_with_the_error_and_serving_continues(world):
+def test_a_failing_fast_batch_is_answered_with_the_error_and_serving_continues(
+    world, exploding_sampler
+):
     cfg = ServeConfig(max_wait_ms=0)
-    with Engine(_Exploding(world.sampler), world.x, world.model, world.n, cfg) as eng:
+    with Engine(exploding_sampler(world.sampler), world.x, world.model, world.n, cfg) as eng:
         with pytest.raises(RuntimeError, match="crashed"):
             eng.predict([13, 2], timeout=30)
         assert eng.predict([2], timeout=30).values.shape == (1,)
