@@ -53,10 +53,31 @@ class ExplodingSampler:
         return self.inner.sample(seeds)
 
 
+class ThreadKillingSampler:
+    """Wraps a sampler; its first call raises ``SystemExit``, which ends the calling thread
+    (not just the batch)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.calls = 0
+
+    def sample(self, seeds):
+        self.calls += 1
+        if self.calls == 1:
+            raise SystemExit("killed")
+        return self.inner.sample(seeds)
+
+
 @pytest.fixture
 def exploding_sampler():
     """``ExplodingSampler`` as a fixture (test modules cannot import conftest helpers)."""
     return ExplodingSampler
+
+
+@pytest.fixture
+def thread_killing_sampler():
+    """``ThreadKillingSampler`` as a fixture."""
+    return ThreadKillingSampler
 
 
 @pytest.fixture

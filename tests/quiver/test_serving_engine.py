@@ -138,20 +138,12 @@ def test_invalid_ids_rejected_at_admission(world):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_a_dead_worker_thread_is_restarted_and_its_batch_answered(world):
-    class Killer:
-        calls = 0
-
-        def sample(self, seeds):
-            Killer.calls += 1
-            if Killer.calls == 1:
-                raise SystemExit("worker killed")  # ends the thread, not just the batch
-            return world.sampler.sample(seeds)
-
+def test_a_dead_worker_thread_is_restarted_and_its_batch_answered(world, thread_killing_sampler):
     cfg = ServeConfig(max_wait_ms=0, num_sampler_workers=1)
     # the pipelined path: an idle engine's fast lane would sample on the batcher thread
     # (test_serving_fastlane.py kills that one)
-    with Engine(Killer(), world.x, world.model, world.n, cfg, fast_lane=False) as eng:
+    killer = thread_killing_sampler(world.sampler)
+    with Engine(killer, world.x, world.model, world.n, cfg, fast_lane=False) as eng:
         with pytest.raises(RuntimeError, match="sampler thread died"):
             eng.predict([1, 2], timeout=10)
         # the only sampler thread died; the supervisor restarts it and serving goes on

@@ -148,17 +148,11 @@ def test_late_fast_requests_are_answered_and_counted(world):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_the_batcher_thread_dying_in_the_fast_lane_is_answered_and_restarted(world):
-    class Killer:
-        calls = 0
-
-        def sample(self, seeds):
-            Killer.calls += 1
-            if Killer.calls == 1:
-                raise SystemExit("killed")  # ends the thread, not just the batch
-            return world.sampler.sample(seeds)
-
-    with Engine(Killer(), world.x, world.model, world.n, ServeConfig(max_wait_ms=0)) as eng:
+def test_the_batcher_thread_dying_in_the_fast_lane_is_answered_and_restarted(
+    world, thread_killing_sampler
+):
+    killer = thread_killing_sampler(world.sampler)
+    with Engine(killer, world.x, world.model, world.n, ServeConfig(max_wait_ms=0)) as eng:
         with pytest.raises(RuntimeError, match="batcher thread died"):
             eng.predict([1, 2], timeout=10)
         for _ in range(3):  # the supervisor restarted the batcher; serving goes on
