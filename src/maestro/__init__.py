@@ -2,8 +2,23 @@
 
 Each section has its own data-parallel degree and micro-batch size; a wavefront scheduler
 reorders samples so sections run concurrently while every sample's dependencies hold.
+
+The public job API (``maestro.Job``, ``maestro.Section``; see ``maestro.job``) is imported on
+first use, so ``import maestro.config`` stays free of torch.
 """
 
 from maestro._version import __version__
 
-__all__ = ["__version__"]
+__all__ = ["Job", "Section", "SectionGraph", "__version__"]
+
+
+def __getattr__(name: str):
+    if name == "Job":
+        from maestro.job import Job
+
+        return Job
+    if name in ("Section", "SectionGraph"):
+        from maestro import sections
+
+        return getattr(sections, name)
+    raise AttributeError(f"module 'maestro' has no attribute {name!r}")

@@ -37,8 +37,11 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+#: short optimizer names; any other ``torch.optim`` class name (``"Adam"``, ``"RMSprop"``) or
+#: ``"package.module:Class"`` works too
 OPTIMIZERS = ("sgd", "adamw")
-DTYPES = ("float32", "float64")
+DTYPES = ("float32", "float64", "bfloat16")
+LR_SCHEDULES = ("constant", "cosine", "linear")
 
 
 @dataclass
@@ -49,15 +52,31 @@ class SectionConfig:
     """Data-parallel replicas: this many disjoint ranks run the section (>= 1)."""
     micro_batch_size: int = 1
     """At most this many samples per micro-batch on each replica (>= 1)."""
-    frozen: bool = False
-    """Forward-only: no gradients, no optimizer, no activations kept (e.g. a KD teacher)."""
+    frozen: bool | None = None
+    """Forward-only: no gradients, no optimizer, no activations kept (e.g. a KD teacher).
+    Unset: as the job's section says (``Section(frozen=...)``; trainable for the built-ins)."""
     optimizer: str | None = None
-    """``"adamw"`` or ``"sgd"``; defaults to ``"adamw"`` for a trainable section. A frozen
+    """``"adamw"`` (default for a trainable section), ``"sgd"``, any ``torch.optim`` class
+    name (``"Adam"``, ``"RMSprop"``, ...) or ``"package.module:Class"`` for one of your own
+    (called as ``Class(params, lr=..., weight_decay=..., **optimizer_args)``). A frozen
     section must not set one."""
     lr: float = 1e-3
-    """Learning rate of this section's optimizer (> 0)."""
+    """Peak learning rate of this section's optimizer (> 0)."""
     weight_decay: float = 0.0
     """Decoupled weight decay (AdamW) or L2 penalty (SGD), >= 0."""
+    optimizer_args: dict = field(default_factory=dict)
+    """Further keyword arguments of the optimizer, e.g. ``{ betas = [0.9, 0.95], eps = 1e-8 }``
+    (lists become tuples)."""
+    lr_schedule: str = "constant"
+    """``"constant"``, ``"cosine"`` (to ``min_lr_ratio * lr`` at the last step) or
+    ``"linear"`` (likewise), each after ``warmup_steps`` of linear warmup from 0."""
+    warmup_steps: int = 0
+    """Steps of linear warmup at the start of the schedule (>= 0)."""
+    min_lr_ratio: float = 0.0
+    """Final learning rate of the cosine/linear decay, as a fraction of ``lr`` (0..1)."""
+    grad_clip: float | None = None
+    """Clip this section's gradients to this global L2 norm (over its whole data-parallel
+    group, after the gradient reduction) before each optimizer step; ``None``: no clipping."""
     inputs: list[str] | None = None
     """Producer sections this one reads; ``None`` keeps the workload's wiring."""
     token_budget: int | None = None
@@ -68,9 +87,44 @@ class SectionConfig:
     waits until fewer are in flight. A forward-only section runs ahead of its consumers, and
     its unreceived outputs stay in memory: this bounds that memory. ``None``: unbounded (it
     is still at most one step ahead). ``0``: no run-ahead."""
+    fsdp: int = 1
+    """FSDP2 shard degree inside each replica group (>= 1): this many ranks shard the
+    section's parameters, gradients and optimizer state (``fully_shard`` per transformer
+    block, then the root). FSDP ranks are data parallel: each runs its own micro-batches, so
+    the scheduler sees ``dp * fsdp`` replicas. With ``dp > 1`` too it is HSDP (replicated
+    over ``dp``, sharded over ``fsdp``)."""
+    tp: int = 1
+    """Tensor-parallel degree (>= 1): this many ranks split every transformer block
+    (attention heads and MLP columns, DTensor ``parallelize_module``) and share one
+    micro-batch stream; heads and MLP width must divide by it. A section takes
+    ``dp * fsdp * tp`` ranks."""
+    reshard_after_forward: bool = True
+    """FSDP only: free each block's gathered parameters after its forward (gather again for
+    the backward). ``false`` keeps them until the backward: less communication, more memory."""
+    zero: int = 0
+    """``1``: ZeRO-1, the optimizer state is sharded across the section's ``dp`` replicas
+    (each steps a 1/dp slice of the flattened parameters, then the slices are all-gathered).
+    ``0``: every replica holds the whole state. Needs ``fsdp = 1`` (FSDP already shards it)."""
+    recompute: bool = False
+    """Activation checkpointing per transformer block (``torch.utils.checkpoint``): keep only
+    block inputs and recompute the block's forward in the backward. Trainable sections only."""
+
+    @property
+    def data_parallel(self) -> int:
+        """Data-parallel coordinates (``dp * fsdp``): the replicas a scheduler fills."""
+        return self.dp * self.fsdp
+
+    @property
+    def num_ranks(self) -> int:
+        """Ranks this section takes: ``dp * fsdp * tp``."""
+        return self.dp * self.fsdp * self.tp
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the first bad field (``where`` is the table path)."""
+        if self.frozen is None:
+            self.frozen = False
+        if not isinstance(self.frozen, bool):
+            raise ValueError(f"{where}.frozen must be true or false, got {self.frozen!r}")
         if self.dp < 1:
             raise ValueError(f"{where}.dp must be >= 1, got {self.dp}")
         if self.micro_batch_size < 1:
@@ -83,13 +137,41 @@ class SectionConfig:
         if not self.frozen:
             if self.optimizer is None:
                 self.optimizer = "adamw"
-            if self.optimizer not in OPTIMIZERS:
-                raise ValueError(
-                    f"{where}.optimizer must be one of {', '.join(OPTIMIZERS)}, "
-                    f"got {self.optimizer!r}"
-                )
+            if not isinstance(self.optimizer, str):
+                raise ValueError(f"{where}.optimizer must be a string")
+            _check_optimizer_name(self.optimizer, f"{where}.optimizer")
         else:
             self.optimizer = None
+            for f, default in (("lr_schedule", "constant"), ("warmup_steps", 0)):
+                if getattr(self, f) != default:
+                    raise ValueError(f"{where}.{f}: a frozen section has no optimizer")
+            if self.grad_clip is not None or self.optimizer_args:
+                f = "grad_clip" if self.grad_clip is not None else "optimizer_args"
+                raise ValueError(f"{where}.{f}: a frozen section has no optimizer")
+        if not isinstance(self.optimizer_args, dict):
+            raise ValueError(f"{where}.optimizer_args must be a table")
+        for k in ("lr", "weight_decay", "params"):
+            if k in self.optimizer_args:
+                raise ValueError(
+                    f"{where}.optimizer_args.{k}: set {k} as its own field"
+                    if k != "params"
+                    else f"{where}.optimizer_args.params: the runtime passes the parameters"
+                )
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(
+                f"{where}.lr_schedule must be one of {', '.join(LR_SCHEDULES)}, "
+                f"got {self.lr_schedule!r}"
+            )
+        if self.warmup_steps < 0:
+            raise ValueError(f"{where}.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"{where}.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.grad_clip is not None:
+            if isinstance(self.grad_clip, bool) or not isinstance(self.grad_clip, (int, float)):
+                raise ValueError(f"{where}.grad_clip must be a number")
+            if not self.grad_clip > 0:
+                raise ValueError(f"{where}.grad_clip must be > 0, got {self.grad_clip}")
+            self.grad_clip = float(self.grad_clip)
         if not self.lr > 0:
             raise ValueError(f"{where}.lr must be > 0, got {self.lr}")
         if self.weight_decay < 0:
@@ -106,6 +188,54 @@ class SectionConfig:
                     f"{where}.max_in_flight bounds a frozen section's run-ahead; this section "
                     "is trainable (set frozen = true or remove the field)"
                 )
+        for f in ("fsdp", "tp"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{where}.{f} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.reshard_after_forward, bool):
+            raise ValueError(f"{where}.reshard_after_forward must be true or false")
+        if not isinstance(self.recompute, bool):
+            raise ValueError(f"{where}.recompute must be true or false")
+        if isinstance(self.zero, bool) or self.zero not in (0, 1):
+            raise ValueError(f"{where}.zero must be 0 or 1, got {self.zero!r}")
+        if self.zero and self.fsdp > 1:
+            raise ValueError(
+                f"{where}.zero = 1 needs fsdp = 1: FSDP already shards the optimizer state "
+                f"(got fsdp = {self.fsdp})"
+            )
+        if self.zero and self.frozen:
+            raise ValueError(f"{where}.zero: a frozen section has no optimizer state")
+        if self.recompute and self.frozen:
+            raise ValueError(f"{where}.recompute: a frozen section keeps no activations")
+
+
+def _check_optimizer_name(name: str, where: str) -> None:
+    """``ValueError`` unless ``name`` is a short name, a ``torch.optim`` class or ``mod:Class``.
+
+    ``torch.optim`` and user modules are imported only when the name needs them, so configs of
+    the built-in optimizers load without torch.
+    """
+    if name in OPTIMIZERS:
+        return
+    import importlib
+
+    if ":" in name:
+        mod, _, cls = name.partition(":")
+        try:
+            obj = getattr(importlib.import_module(mod), cls)
+        except (ImportError, AttributeError, ValueError) as e:
+            raise ValueError(f"{where}: cannot import {name!r} ({e})") from None
+    else:
+        import torch.optim
+
+        obj = getattr(torch.optim, name, None)
+        if obj is None:
+            raise ValueError(
+                f"{where}: unknown optimizer {name!r}; use adamw, sgd, a torch.optim class "
+                "name (Adam, RMSprop, ...) or package.module:Class"
+            )
+    if not isinstance(obj, type):
+        raise ValueError(f"{where}: {name!r} is not a class")
 
 
 @dataclass
@@ -255,7 +385,11 @@ class MLLMConfig:
         return d
 
 
-WORKLOAD_CONFIGS: dict[str, type] = {"kd": KDConfig, "mllm": MLLMConfig}
+#: the built-in jobs' short names: ``name -> (job function, its Config dataclass)``
+BUILTIN_JOBS: dict[str, tuple[str, type]] = {
+    "kd": ("maestro.workloads.kd:job", KDConfig),
+    "mllm": ("maestro.workloads.mllm:job", MLLMConfig),
+}
 
 
 @dataclass
@@ -263,9 +397,12 @@ class TrainConfig:
     """A training run: workload, sections and the batch schedule."""
 
     workload: str
-    """Workload name: ``kd`` (distillation) or ``mllm`` (multimodal LLM)."""
+    """The job function, ``"package.module:function"`` (see ``maestro.job``), or a built-in
+    job's short name: ``kd`` (distillation) or ``mllm`` (multimodal LLM)."""
     model: Any
-    """The workload's settings (``KDConfig`` or ``MLLMConfig``), from the ``[workload]`` table."""
+    """The job's settings from the ``[workload]`` table (without ``name``): an instance of the
+    job function's ``Config`` dataclass when it declares one (``KDConfig``, ``MLLMConfig``),
+    else a plain dict of the free-form keys."""
     sections: dict[str, SectionConfig]
     """One entry per section of the workload, from ``[sections.NAME]`` tables."""
     global_batch: int = 16
@@ -287,6 +424,9 @@ class TrainConfig:
     """JSON profile (``maestro profile``, e.g. ``--from-run``) whose fitted
     ``MeasuredCostModel`` the scheduler uses to estimate section costs. ``None``: a FLOP count
     of each section on the ``meta`` device (``maestro.runtime.costs``). ``fifo`` uses neither."""
+    config_dir: str | None = None
+    """Directory of the TOML file (``load`` sets it): a job module or ``file.py`` named by
+    ``workload.name`` and relative paths the job reads resolve against it."""
 
     def validate(self) -> None:
         """Check every field; ``ValueError`` names the first bad one."""
@@ -321,8 +461,10 @@ class TrainConfig:
             from maestro.schedule import get_scheduler
 
             get_scheduler(self.scheduler)  # ValueError lists the known names
-        self.model.validate("workload")
-        wanted = self.model.default_inputs()
+        if hasattr(self.model, "validate"):
+            self.model.validate("workload")
+        structure = self.workload_structure()
+        wanted = {n: ins for n, (ins, _) in structure.items()}
         for name in self.sections:
             if name not in wanted:
                 raise ValueError(
@@ -333,6 +475,8 @@ class TrainConfig:
             if name not in self.sections:
                 raise ValueError(f"sections.{name}: missing table [sections.{name}]")
         for name, sc in self.sections.items():
+            if sc.frozen is None:
+                sc.frozen = bool(structure[name][1])
             sc.validate(f"sections.{name}")
         topological_order(self.section_inputs(), where="sections")
         for name, ins in self.section_inputs().items():
@@ -343,9 +487,42 @@ class TrainConfig:
                         f"section {p!r} (no gradient would reach it)"
                     )
 
+    def workload_structure(self) -> dict[str, tuple[list[str], bool | None]]:
+        """``section -> (inputs, frozen)`` as the job declares them.
+
+        A job whose ``Config`` has ``default_inputs()`` declares its sections without being
+        built (the built-ins: planning them imports no torch); any other job function is
+        called once (``job()``) and its sections are read.
+        """
+        cached = getattr(self, "_structure", None)
+        if cached is not None:
+            return cached
+        if hasattr(self.model, "default_inputs"):
+            out = {n: (list(ins), None) for n, ins in self.model.default_inputs().items()}
+        else:
+            out = self.job().structure
+        self._structure = out
+        return out
+
+    def job(self):
+        """The ``maestro.Job`` this config names (built once per process, then cached)."""
+        job = getattr(self, "_job", None)
+        if job is None:
+            from maestro.job import call_job_function, resolve_job_function
+
+            fn = resolve_job_function(self.job_function, self.config_dir)
+            job = call_job_function(fn, self)
+            self._job = job
+        return job.bind(self)
+
+    @property
+    def job_function(self) -> str:
+        """``"package.module:function"`` of the job (a built-in's short name resolved)."""
+        return BUILTIN_JOBS[self.workload][0] if self.workload in BUILTIN_JOBS else self.workload
+
     def section_inputs(self) -> dict[str, list[str]]:
         """``name -> input names``: the config's ``inputs`` where set, else the workload's."""
-        wanted = self.model.default_inputs()
+        wanted = {n: ins for n, (ins, _) in self.workload_structure().items()}
         return {
             n: (sc.inputs if sc.inputs is not None else wanted[n])
             for n, sc in self.sections.items()
@@ -353,15 +530,25 @@ class TrainConfig:
 
     @property
     def world_size(self) -> int:
-        """Ranks a Maestro run needs: the sum of every section's ``dp``."""
-        return sum(sc.dp for sc in self.sections.values())
+        """Ranks a Maestro run needs: the sum over sections of ``dp * fsdp * tp``."""
+        return sum(sc.num_ranks for sc in self.sections.values())
 
     def check_world_size(self, world_size: int) -> None:
-        """``ValueError`` unless ``sum(dp)`` equals ``world_size``."""
+        """``ValueError`` (one line, naming every section's degrees) unless the sections'
+        ranks add up to ``world_size``."""
         if self.world_size != world_size:
-            parts = ", ".join(f"{n}={sc.dp}" for n, sc in self.sections.items())
+            plain = all(sc.fsdp == 1 and sc.tp == 1 for sc in self.sections.values())
+            if plain:
+                parts = ", ".join(f"{n}={sc.dp}" for n, sc in self.sections.items())
+                what = "the sum of dp"
+            else:
+                parts = ", ".join(
+                    f"{n}=dp {sc.dp} x fsdp {sc.fsdp} x tp {sc.tp}"
+                    for n, sc in self.sections.items()
+                )
+                what = "the sum of dp x fsdp x tp"
             raise ValueError(
-                f"sections.*.dp: the sum of dp is {self.world_size} ({parts}) but the world "
+                f"sections.*.dp: {what} is {self.world_size} ({parts}) but the world "
                 f"size is {world_size}; sections get disjoint ranks"
             )
 
@@ -372,7 +559,8 @@ class TrainConfig:
             SectionSpec(
                 name=n,
                 inputs=tuple(edges[n]),
-                dp=self.sections[n].dp,
+                dp=self.sections[n].data_parallel,
+                tp=self.sections[n].tp,
                 micro_batch_size=self.sections[n].micro_batch_size,
                 frozen=self.sections[n].frozen,
                 token_budget=self.sections[n].token_budget,
@@ -382,11 +570,13 @@ class TrainConfig:
         ]
 
     def rank_layout(self) -> dict[str, list[int]]:
-        """``section -> global ranks``: contiguous blocks in topological order."""
+        """``section -> global ranks``: contiguous blocks of ``dp * fsdp * tp`` ranks in
+        topological order (``maestro.parallel.mesh`` arranges a block as dp x fsdp x tp)."""
         layout, r = {}, 0
         for spec in self.section_specs():
-            layout[spec.name] = list(range(r, r + spec.dp))
-            r += spec.dp
+            n = self.sections[spec.name].num_ranks
+            layout[spec.name] = list(range(r, r + n))
+            r += n
         return layout
 
     def to_dict(self) -> dict[str, Any]:
@@ -394,6 +584,25 @@ class TrainConfig:
         d = dataclasses.asdict(self)
         d["workload"] = {"name": self.workload, **d.pop("model")}
         return d
+
+
+def job_config_class(name: str, base_dir: str | None = None) -> type | None:
+    """The ``Config`` dataclass of job ``name`` (``None``: free-form ``[workload]`` keys).
+
+    ``ValueError`` when ``name`` is neither a built-in nor an importable
+    ``package.module:function``.
+    """
+    if name in BUILTIN_JOBS:
+        return BUILTIN_JOBS[name][1]
+    if ":" not in name:
+        raise ValueError(
+            f"workload.name: unknown workload {name!r}; give your job as "
+            f'"package.module:function" or a built-in: {", ".join(BUILTIN_JOBS)}'
+        )
+    from maestro.job import resolve_job_function
+
+    cls = getattr(resolve_job_function(name, base_dir), "Config", None)
+    return cls if cls is not None and dataclasses.is_dataclass(cls) else None
 
 
 def _build(cls: type, data: Any, where: str):
@@ -446,16 +655,20 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     """Build and validate a ``TrainConfig`` from a parsed TOML document."""
     data = dict(data)
     wl = data.pop("workload", None)
+    if isinstance(wl, str):  # `workload = "package.module:function"`, no settings
+        wl = {"name": wl}
     if not isinstance(wl, dict) or "name" not in wl:
-        raise ValueError('workload.name: missing; add [workload] with name = "kd" or "mllm"')
+        raise ValueError(
+            'workload.name: missing; add [workload] with name = "package.module:function" '
+            '(your job) or a built-in: "kd", "mllm"'
+        )
     wl = dict(wl)
     name = wl.pop("name")
-    if name not in WORKLOAD_CONFIGS:
-        raise ValueError(
-            f"workload.name: unknown workload {name!r}; choose one of: "
-            f"{', '.join(WORKLOAD_CONFIGS)}"
-        )
-    model = _build(WORKLOAD_CONFIGS[name], wl, "workload")
+    if not isinstance(name, str):
+        raise ValueError(f"workload.name must be a string, got {name!r}")
+    base_dir = data.get("config_dir")
+    cls = job_config_class(name, base_dir)
+    model = _build(cls, wl, "workload") if cls is not None else wl
     secs = data.pop("sections", None)
     if not isinstance(secs, dict) or not secs:
         raise ValueError("sections: missing; add one [sections.NAME] table per section")
@@ -478,12 +691,14 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
     return cfg
 
 
-def loads(text: str) -> TrainConfig:
-    """Parse and validate a TOML string."""
+def loads(text: str, config_dir: str | Path | None = None) -> TrainConfig:
+    """Parse and validate a TOML string (``config_dir``: where job files and data resolve)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"invalid TOML: {e}") from None
+    if config_dir is not None and "config_dir" not in data:
+        data["config_dir"] = str(Path(config_dir).resolve())
     return from_dict(data)
 
 
@@ -492,4 +707,4 @@ def load(path: str | Path) -> TrainConfig:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}")
-    return loads(path.read_text())
+    return loads(path.read_text(), config_dir=path.parent)

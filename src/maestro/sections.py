@@ -57,7 +57,9 @@ class Section:
 
     Args:
         name: unique name (``"teacher"``, ``"vision"``, ...).
-        module: any ``nn.Module``; the runtime builds it on the ranks of this section only.
+        module: any ``nn.Module``, or a zero-argument factory returning one (what a
+            ``maestro.Job`` should pass: the runtime then builds it only on the ranks of this
+            section, seeded by the run's seed and the section's name).
         inputs: names of the producer sections whose per-sample outputs this section reads.
         frozen: forward-only: runs under ``torch.inference_mode``, keeps no activations and
             sends no gradients back; its parameters are never updated.
@@ -72,7 +74,7 @@ class Section:
     def __init__(
         self,
         name: str,
-        module: nn.Module,
+        module: nn.Module | Callable[[], nn.Module],
         *,
         inputs: Sequence[str] = (),
         frozen: bool = False,
@@ -82,8 +84,15 @@ class Section:
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"Section name must be a non-empty string, got {name!r}")
-        if not isinstance(module, nn.Module):
-            raise ValueError(f"section {name!r}: module must be an nn.Module, got {type(module)}")
+        if not isinstance(module, nn.Module) and not _zero_arg_callable(module):
+            raise ValueError(
+                f"section {name!r}: module must be an nn.Module or a zero-argument factory "
+                f"returning one, got {type(module).__name__}"
+            )
+        if activates_on is not None and not callable(activates_on):
+            raise ValueError(f"section {name!r}: activates_on must be callable")
+        if forward is not None and not callable(forward):
+            raise ValueError(f"section {name!r}: forward must be callable")
         if isinstance(inputs, str):
             raise ValueError(f"section {name!r}: inputs must be a list of names, not a string")
         self.name = name
@@ -93,6 +102,24 @@ class Section:
         self.activates_on = activates_on
         self._forward = forward or default_forward
         self._loss = loss
+        #: set by the job from the run's ``dtype``: bf16 autocast around the forward, and the
+        #: dtype floating inputs are cast to (a bf16 frozen section's samples and inputs)
+        self.autocast_dtype: torch.dtype | None = None
+        self.input_dtype: torch.dtype | None = None
+
+    def clone(self, module: nn.Module) -> Section:
+        """The same section around another module (a built one, or a placeholder)."""
+        out = Section(
+            self.name,
+            module,
+            inputs=self.inputs,
+            frozen=self.frozen,
+            activates_on=self.activates_on,
+            forward=self._forward,
+            loss=self._loss,
+        )
+        out.autocast_dtype, out.input_dtype = self.autocast_dtype, self.input_dtype
+        return out
 
     def activated(self, sample: Sample) -> bool:
         """Whether ``sample`` runs through this section."""
@@ -102,7 +129,18 @@ class Section:
         self, samples: Sequence[Sample], inputs: Mapping[str, Sequence[Outputs | None]]
     ) -> list[Outputs]:
         """Forward one micro-batch: per-sample outputs, in the order of ``samples``."""
-        outs = self._forward(self.module, samples, inputs)
+        if self.input_dtype is not None:
+            samples = [_cast(s, self.input_dtype) for s in samples]
+            inputs = {
+                p: [None if o is None else _cast(o, self.input_dtype) for o in col]
+                for p, col in inputs.items()
+            }
+        if self.autocast_dtype is not None:
+            dev = next((p.device.type for p in self.module.parameters()), "cpu")
+            with torch.autocast(device_type=dev, dtype=self.autocast_dtype):
+                outs = self._forward(self.module, samples, inputs)
+        else:
+            outs = self._forward(self.module, samples, inputs)
         assert len(outs) == len(samples), f"{self.name}: {len(outs)} outputs, {len(samples)} in"
         if self._loss is not None:
             for out, sample in zip(outs, samples):
@@ -111,6 +149,28 @@ class Section:
 
     def __repr__(self) -> str:
         return f"Section({self.name!r}, inputs={list(self.inputs)}, frozen={self.frozen})"
+
+
+def _zero_arg_callable(f: Any) -> bool:
+    import inspect
+
+    if not callable(f):
+        return False
+    try:
+        inspect.signature(f).bind()
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin): trust it
+        return True
+    return True
+
+
+def _cast(d: Mapping[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """``d`` with its floating tensors cast to ``dtype`` (others unchanged)."""
+    return {
+        k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+        for k, v in d.items()
+    }
 
 
 def topological_order(edges: Mapping[str, Sequence[str]], where: str = "sections") -> list[str]:

@@ -112,7 +112,7 @@ def test_unknown_workload_and_section_names():
 
 
 def test_unknown_optimizer_and_scheduler():
-    with pytest.raises(ValueError, match=r"sections\.student\.optimizer must be one of"):
+    with pytest.raises(ValueError, match=r"sections\.student\.optimizer: unknown optimizer .lion."):
         C.loads(cfg_text(student='optimizer = "lion"'))
     with pytest.raises(ValueError, match=r"unknown scheduler 'magic'"):
         C.loads(cfg_text(head='scheduler = "magic"\n'))

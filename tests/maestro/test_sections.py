@@ -40,8 +40,10 @@ def test_unknown_input_duplicate_and_cycle():
 
 
 def test_bad_section_arguments():
-    with pytest.raises(ValueError, match="must be an nn.Module"):
+    with pytest.raises(ValueError, match="must be an nn.Module or a zero-argument factory"):
         Section("a", lambda x: x)
+    with pytest.raises(ValueError, match="must be an nn.Module or a zero-argument factory"):
+        Section("a", 3)
     with pytest.raises(ValueError, match="not a string"):
         Section("a", lin(), inputs="b")
     with pytest.raises(ValueError, match="frozen but reads trainable"):

@@ -87,8 +87,20 @@ def flop_cost_model(config, workload=None) -> FlopCostModel:
     from maestro.workloads import get_workload
 
     wl = workload if workload is not None else get_workload(config)
-    with torch.device("meta"):
-        graph = wl.graph()
+    try:
+        with torch.device("meta"):
+            graph = wl.graph()
+    except Exception as e:  # noqa: BLE001 - a factory that cannot build on meta
+        _log(
+            f"cost estimate: the sections cannot be built on the meta device ({type(e).__name__}"
+            f": {str(e).strip().splitlines()[0][:120] if str(e).strip() else ''}); every section "
+            "is priced by its tokens alone (set cost_profile for measured costs)"
+        )
+        names = list(config.section_inputs())
+        return FlopCostModel(
+            {n: LinearFit({"tokens": 1.0}) for n in names},
+            {n: not config.sections[n].frozen for n in names},
+        )
     batch = [
         {k: (v.to("meta") if isinstance(v, torch.Tensor) else v) for k, v in s.items()}
         for s in wl.batch(0)
@@ -98,24 +110,53 @@ def flop_cost_model(config, workload=None) -> FlopCostModel:
     outs: dict[str, dict[int, dict]] = {}
     fits: dict[str, LinearFit] = {}
     trainable: dict[str, bool] = {}
+    fallback: list[str] = []
     for sec in graph:
         outs[sec.name] = {}
         trainable[sec.name] = not sec.frozen
         act = [s["id"] for s in batch if sec.activated(s)]
         rows = []
-        for ids in _probe_groups(act):
-            mb = [by_id[i] for i in ids]
-            ins = {p: [outs[p].get(i) for i in ids] for p in sec.inputs}
-            with torch.no_grad(), FlopCounterMode(display=False) as fc:
-                res = sec.run(mb, ins)
-            for i, o in zip(ids, res):
-                outs[sec.name][i] = o
-            rows.append((micro_batch_features(cost[i] for i in ids), float(fc.get_total_flops())))
+        try:
+            for ids in _probe_groups(act):
+                mb = [by_id[i] for i in ids]
+                ins = {p: [outs[p].get(i) for i in ids] for p in sec.inputs}
+                with torch.no_grad(), FlopCounterMode(display=False) as fc:
+                    res = sec.run(mb, ins)
+                for i, o in zip(ids, res):
+                    outs[sec.name][i] = o
+                rows.append(
+                    (micro_batch_features(cost[i] for i in ids), float(fc.get_total_flops()))
+                )
+        except Exception as e:  # noqa: BLE001 - any user module may fail on meta tensors
+            # e.g. Hugging Face code calling .item() on a mask: price the section by the
+            # classic 2 x parameters x tokens instead (consumers of it are still counted)
+            n_params = sum(p.numel() for p in sec.module.parameters())
+            fits[sec.name] = LinearFit({"tokens": 2.0 * max(n_params, 1)})
+            fallback.append(f"{sec.name} ({type(e).__name__})")
+            outs[sec.name] = {}
+            continue
         if not rows:
             fits[sec.name] = LinearFit({})
             continue
         fits[sec.name] = _fit_through_origin(rows)
+    if fallback:
+        _log(
+            "cost estimate: FLOPs of "
+            + ", ".join(fallback)
+            + " cannot be counted on the meta device; those sections are priced at "
+            "2 x parameters x tokens (set cost_profile for measured costs)"
+        )
     return FlopCostModel(fits, trainable)
+
+
+def _log(msg: str) -> None:
+    """One line on rank 0 (or the only process)."""
+    import sys
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"maestro: {msg}", file=sys.stderr, flush=True)
 
 
 def _fit_through_origin(rows: list[tuple[dict, float]]) -> LinearFit:

@@ -29,7 +29,14 @@ import torch.distributed as dist
 from maestro.config import TrainConfig
 from maestro.costmodel import micro_batch_features
 from maestro.runtime.faults import NonFiniteError, kill_point, nonfinite_message, poison_factor
-from maestro.runtime.local import batch_to, make_optimizer
+from maestro.runtime.local import (
+    batch_fingerprint,
+    batch_to,
+    check_same_batch,
+    clip_grads,
+    make_optimizer,
+    set_lr,
+)
 from maestro.runtime.trace import Tracer
 from maestro.runtime.wire import Transport, message_tags
 from maestro.schedule import get_scheduler
@@ -172,6 +179,7 @@ class MaestroWorker:
         #: sample ids this rank processed in the last step, and whether that step was skipped
         self.last_ids: list[int] = []
         self.last_skipped = False
+        self._batch_checked = False
 
     def _rank_of(self, section: str, schedule: Schedule, sample_id: int) -> int:
         return self.layout[section][schedule.replica_of(section, sample_id)]
@@ -181,6 +189,14 @@ class MaestroWorker:
         with self.tracer.span("batch + schedule", "schedule"):
             # every rank builds the same batch and schedule: no coordination needed
             batch = batch_to(self.workload.batch(step), self.device)
+            fp = batch_fingerprint(batch)
+            if not self._batch_checked:
+                # once per run, a collective check: a diverging pipeline is an error, not a hang
+                check_same_batch(fp, step)
+                self._batch_checked = True
+            # afterwards every message carries the sender's fingerprint (no extra sync)
+            self.transport.batch_checks = {step - 1: self.transport.batch_checks.get(step - 1, 0)}
+            self.transport.batch_checks[step] = fp
             infos = self.workload.sample_infos(batch, self.graph)
             with self.tracer.span("scheduler", "scheduler"):
                 schedule = self.scheduler(infos, self.specs, self.cost_model)
@@ -280,7 +296,10 @@ class MaestroWorker:
             if self.group is not None:
                 with tr.span("all-reduce grads", "comm"):
                     flat_allreduce_grads(self.params, self.group)
+            sc = self.config.sections[self.name]
             with tr.span("optimizer", "optimizer"):
+                clip_grads(self.params, sc.grad_clip)
+                set_lr(self.optimizer, sc, step, self.config.steps)
                 self.optimizer.step()
         return loss_total
 

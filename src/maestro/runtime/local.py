@@ -17,12 +17,102 @@ from maestro.config import SectionConfig, TrainConfig
 from maestro.sections import Outputs, Sample, SectionGraph
 
 
+def optimizer_class(name: str) -> type:
+    """The optimizer class a config names: ``adamw``/``sgd``, a ``torch.optim`` class or
+    ``package.module:Class``."""
+    if name == "adamw":
+        return torch.optim.AdamW
+    if name == "sgd":
+        return torch.optim.SGD
+    if ":" in name:
+        import importlib
+
+        mod, _, cls = name.partition(":")
+        return getattr(importlib.import_module(mod), cls)
+    return getattr(torch.optim, name)
+
+
 def make_optimizer(sc: SectionConfig, params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
-    """The optimizer a section config asks for (``foreach=False``: same kernels everywhere)."""
-    if sc.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=sc.lr, weight_decay=sc.weight_decay, foreach=False)
-    assert sc.optimizer == "adamw", sc.optimizer
-    return torch.optim.AdamW(params, lr=sc.lr, weight_decay=sc.weight_decay, foreach=False)
+    """The optimizer a section config asks for.
+
+    Built-in ``torch.optim`` classes get ``foreach=False`` unless ``optimizer_args`` says
+    otherwise, so every layout runs the same kernels (exactness across layouts).
+    """
+    cls = optimizer_class(sc.optimizer)
+    kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in sc.optimizer_args.items()}
+    if cls.__module__.startswith("torch.optim") and "foreach" in _init_params(cls):
+        kwargs.setdefault("foreach", False)
+    try:
+        return cls(params, lr=sc.lr, weight_decay=sc.weight_decay, **kwargs)
+    except TypeError as e:
+        raise ValueError(f"optimizer {sc.optimizer!r}: {e}") from None
+
+
+def _init_params(cls: type) -> set[str]:
+    import inspect
+
+    try:
+        return set(inspect.signature(cls.__init__).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def lr_factor(sc: SectionConfig, step: int, total_steps: int) -> float:
+    """Multiplier of ``sc.lr`` at optimizer step ``step`` (0-based) of ``total_steps``.
+
+    Linear warmup from 0 over ``warmup_steps``, then constant, or a cosine / linear decay to
+    ``min_lr_ratio`` reached at the last step.
+    """
+    import math
+
+    w = sc.warmup_steps
+    if step < w:
+        return (step + 1) / (w + 1)
+    if sc.lr_schedule == "constant":
+        return 1.0
+    span = max(total_steps - 1 - w, 1)
+    t = min(max(step - w, 0) / span, 1.0)
+    lo = sc.min_lr_ratio
+    if sc.lr_schedule == "cosine":
+        return lo + (1 - lo) * 0.5 * (1 + math.cos(math.pi * t))
+    return lo + (1 - lo) * (1 - t)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, sc: SectionConfig, step: int, total: int) -> None:
+    """Set every param group's learning rate for optimizer step ``step`` (a pure function of
+    the step, so resuming from a checkpoint needs no scheduler state)."""
+    lr = sc.lr * lr_factor(sc, step, total)
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+
+
+def compute_dtype(config: TrainConfig) -> torch.dtype:
+    """The dtype sections compute in (``bfloat16`` runs fp32 master weights under autocast)."""
+    return {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}[
+        config.dtype
+    ]
+
+
+def param_dtype(config: TrainConfig, frozen: bool) -> torch.dtype:
+    """The dtype a section's parameters are stored in.
+
+    ``bfloat16``: trainable sections keep fp32 master weights (bf16 compute by autocast);
+    frozen sections are bf16 end to end (no optimizer, half the memory).
+    """
+    if config.dtype == "bfloat16":
+        return torch.bfloat16 if frozen else torch.float32
+    return compute_dtype(config)
+
+
+def clip_grads(params: Sequence[nn.Parameter], max_norm: float | None) -> float | None:
+    """Clip to a global L2 norm (the grads are already reduced: identical on every replica,
+    so the local norm is the group's); returns the norm before clipping."""
+    if max_norm is None:
+        return None
+    grads = [p for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    return float(torch.nn.utils.clip_grad_norm_(grads, max_norm, foreach=False))
 
 
 def compound_loss(graph: SectionGraph, samples: Sequence[Sample]) -> torch.Tensor:
@@ -75,7 +165,52 @@ def reference_train(config: TrainConfig, steps: int | None = None):
         for o in opts.values():
             o.zero_grad(set_to_none=True)
         loss.backward()
-        for o in opts.values():
+        for name, o in opts.items():
+            sc = config.sections[name]
+            clip_grads(list(graph[name].module.parameters()), sc.grad_clip)
+            set_lr(o, sc, step, config.steps)
             o.step()
         losses.append(loss.item())
     return graph, losses
+
+
+def batch_fingerprint(batch: Sequence[Sample]) -> int:
+    """A 62-bit fingerprint of a global batch: ids, keys, shapes, dtypes and tensor bytes.
+
+    Ranks compare fingerprints to detect data pipelines that disagree (different files, an
+    unseeded shuffle) before they would hang waiting for samples nobody sends. Nonzero.
+    """
+    import zlib
+
+    h = 0
+    for s in batch:
+        for k in sorted(s):
+            v = s[k]
+            if isinstance(v, torch.Tensor):
+                t = v.detach().contiguous().reshape(-1).cpu()
+                raw = t.view(torch.uint8) if t.dtype != torch.bool else t.to(torch.uint8)
+                h = zlib.crc32(f"{k}{v.dtype}{tuple(v.shape)}".encode(), h)
+                h = zlib.crc32(raw.numpy().tobytes(), h)
+            else:
+                h = zlib.crc32(f"{k}={v!r}".encode(), h)
+    return (h << 30 | len(batch) % (1 << 30)) | 1
+
+
+def check_same_batch(fingerprint: int, step: int, group=None) -> None:
+    """Collective: ``ValueError`` naming the step and the ranks when the fingerprints differ."""
+    import torch.distributed as dist
+
+    t = torch.tensor([fingerprint, -fingerprint], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    if int(t[0]) == -int(t[1]):
+        return
+    every = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, fingerprint, group=group)
+    groups: dict[int, list[int]] = {}
+    for r, f in enumerate(every):
+        groups.setdefault(f, []).append(r)
+    parts = "; ".join(f"ranks {', '.join(map(str, rs))}: {f:#x}" for f, rs in groups.items())
+    raise ValueError(
+        f"step {step}: the ranks built different global batches ({parts}); every rank must "
+        "read the same data in the same order (check the data files, the seed and the job)"
+    )

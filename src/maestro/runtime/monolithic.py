@@ -17,7 +17,15 @@ import torch.distributed as dist
 from maestro.config import TrainConfig
 from maestro.runtime.executor import flat_allreduce_grads, grads_finite
 from maestro.runtime.faults import NonFiniteError, nonfinite_message, poison_factor
-from maestro.runtime.local import batch_to, compound_loss, make_optimizer
+from maestro.runtime.local import (
+    batch_fingerprint,
+    batch_to,
+    check_same_batch,
+    clip_grads,
+    compound_loss,
+    make_optimizer,
+    set_lr,
+)
 from maestro.runtime.trace import Tracer
 from maestro.schedule.types import SampleInfo, SectionSpec, fifo_schedule
 
@@ -53,11 +61,15 @@ class MonolithicWorker:
         self.last_skipped = False
         self.name = "model"
         self.guard_names = [s.name for s in self.graph if not s.frozen]
+        self._batch_checked = False
 
     def step(self, step: int) -> float:
         """One data-parallel step; returns this rank's share of the loss."""
         with self.tracer.span("batch + schedule", "schedule"):
             batch = batch_to(self.workload.batch(step), self.device)
+            if not self._batch_checked:
+                check_same_batch(batch_fingerprint(batch), step)
+                self._batch_checked = True
             infos = [SampleInfo(s["id"], frozenset({"model"})) for s in batch]
             mine = fifo_schedule(infos, [self.spec]).order["model"][self.rank]
         norm = self.workload.normaliser(batch)
@@ -84,7 +96,10 @@ class MonolithicWorker:
         with self.tracer.span("all-reduce grads", "comm"):
             flat_allreduce_grads(self.params)
         with self.tracer.span("optimizer", "optimizer"):
-            for o in self.optimizers.values():
+            for name, o in self.optimizers.items():
+                sc = self.config.sections[name]
+                clip_grads(list(self.graph[name].module.parameters()), sc.grad_clip)
+                set_lr(o, sc, step, self.config.steps)
                 o.step()
         return total
 

@@ -16,10 +16,25 @@ import torch.distributed as dist
 
 from maestro.sections import Outputs
 
-DTYPES = [torch.float32, torch.float64, torch.int64, torch.float16, torch.bfloat16, torch.int32]
+#: every dtype a section may send (codes are positions: append, never reorder)
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.complex64,
+    torch.complex128,
+]
 _CODE = {dt: i for i, dt in enumerate(DTYPES)}
+
 #: tensors start at multiples of this many bytes so they can be viewed in place
-ALIGN = 8
+ALIGN = 16
 
 
 def message_tags(step: int) -> tuple[int, int]:
@@ -28,19 +43,28 @@ def message_tags(step: int) -> tuple[int, int]:
 
 
 def pack(
-    items: Sequence[tuple[int, Outputs]], device: torch.device | str = "cpu"
+    items: Sequence[tuple[int, Outputs]], device: torch.device | str = "cpu", check: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Encode ``[(sample_id, {key: tensor})]`` as ``(header int64, payload uint8)``."""
-    head: list[int] = [len(items)]
+    """Encode ``[(sample_id, {key: tensor})]`` as ``(header int64, payload uint8)``.
+
+    ``check`` (the sender's fingerprint of the step's global batch) travels in the header so
+    the receiver can tell at once when the two ranks' data pipelines disagree.
+    """
+    head: list[int] = [check, len(items)]
     chunks: list[torch.Tensor] = []
     offset = 0
     for sid, outs in items:
         head += [sid, len(outs)]
         for key in sorted(outs):
             t = outs[key].detach()
+            if t.dtype not in _CODE:
+                raise ValueError(
+                    f"sample {sid}: output {key!r} has dtype {t.dtype}, which cannot be sent "
+                    f"between sections (supported: {', '.join(str(d) for d in DTYPES)})"
+                )
             kb = key.encode()
             head += [len(kb), *kb, _CODE[t.dtype], t.dim(), *t.shape]
-            raw = t.contiguous().reshape(-1).view(torch.uint8)
+            raw = _bytes_of(t)
             pad = -raw.numel() % ALIGN
             chunks.append(raw)
             if pad:
@@ -51,12 +75,25 @@ def pack(
     return header, payload.to(device)
 
 
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's raw bytes as a flat uint8 tensor (bool is viewed through uint8)."""
+    t = t.contiguous().reshape(-1)
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)
+    return t.view(torch.uint8)
+
+
+def header_check(header: torch.Tensor) -> int:
+    """The batch fingerprint a message's header carries (see ``pack``)."""
+    return int(header[0])
+
+
 def unpack(header: torch.Tensor, payload: torch.Tensor) -> list[tuple[int, Outputs]]:
     """Inverse of ``pack``; every tensor is a fresh copy (safe to mark ``requires_grad``)."""
     h = header.tolist()
-    pos, off = 1, 0
+    pos, off = 2, 0
     out: list[tuple[int, Outputs]] = []
-    for _ in range(h[0]):
+    for _ in range(h[1]):
         sid, nkeys = h[pos], h[pos + 1]
         pos += 2
         d: Outputs = {}
@@ -71,7 +108,11 @@ def unpack(header: torch.Tensor, payload: torch.Tensor) -> list[tuple[int, Outpu
             for s in shape:
                 numel *= s
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
-            d[key] = payload[off : off + nbytes].view(dtype).reshape(shape).clone()
+            raw = payload[off : off + nbytes]
+            if dtype == torch.bool:
+                d[key] = raw.clone().view(torch.bool).reshape(shape)
+            else:
+                d[key] = raw.view(dtype).reshape(shape).clone()
             off += nbytes + (-nbytes % ALIGN)
         out.append((sid, d))
     assert off == payload.numel(), "payload size does not match its header"
@@ -97,10 +138,15 @@ class Transport:
         self.on_wait = on_wait
         self.bytes_sent = 0
         self.num_sends = 0
+        #: ``step -> fingerprint`` of this rank's global batch; messages carry the sender's
+        #: and a receiver compares (``ValueError`` on a mismatch); steps without one are not checked
+        self.batch_checks: dict[int, int] = {}
+        #: this process's rank (for error messages)
+        self.rank = dist.get_rank() if dist.is_initialized() else 0
 
     def send(self, dst: int, tag: int, items: Sequence[tuple[int, Outputs]], step: int = 0) -> None:
         """Asynchronously send ``[(sample_id, outputs)]`` to rank ``dst`` as one message."""
-        header, payload = pack(items, self.device)
+        header, payload = pack(items, self.device, self.batch_checks.get(step, 0))
         size = torch.tensor(
             [header.numel(), payload.numel()], dtype=torch.int64, device=self.device
         )
@@ -137,6 +183,14 @@ class Transport:
         nh, npay = size.tolist()
         header = torch.empty(nh, dtype=torch.int64, device=self.device)
         dist.recv(header, src, tag=tag)
+        step = (tag - 1) // 2
+        mine, theirs = self.batch_checks.get(step, 0), header_check(header)
+        if mine and theirs and mine != theirs:
+            raise ValueError(
+                f"step {step}: ranks {src} and {self.rank} built different global batches "
+                f"(fingerprints {theirs:#x} vs {mine:#x}): every rank must read the same data "
+                "in the same order (check the data files, the seed and the job's dataset)"
+            )
         payload = torch.empty(npay, dtype=torch.uint8, device=self.device)
         if npay:
             dist.recv(payload, src, tag=tag)

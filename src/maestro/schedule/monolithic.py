@@ -26,7 +26,7 @@ def monolithic_schedule(
 
     Args:
         samples: the global batch.
-        sections: section specs; their ``dp`` only sets the default world size.
+        sections: section specs; their ranks (``dp * tp``) only set the default world size.
         cost_model: unused (the baseline does not look at costs).
         world_size: number of ranks (default: the sum of the sections' ``dp``).
         micro_batch_size: samples per whole-model micro-batch (default: the smallest of the
@@ -37,7 +37,7 @@ def monolithic_schedule(
         micro-batch that activates ``sec`` (empty when none of its samples do).
     """
     check_sections(sections)
-    world = world_size if world_size is not None else sum(s.dp for s in sections)
+    world = world_size if world_size is not None else sum(s.dp * s.tp for s in sections)
     if world < 1:
         raise ValueError(f"world_size must be >= 1, got {world}")
     mbs = micro_batch_size or min(s.micro_batch_size for s in sections)

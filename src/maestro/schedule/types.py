@@ -35,12 +35,15 @@ class SectionSpec:
     Args:
         name: unique section name.
         inputs: names of producer sections whose per-sample outputs this section consumes.
-        dp: number of data-parallel replicas (disjoint ranks).
+        dp: number of data-parallel replicas: the section's data-parallel coordinates
+            (its config's ``dp * fsdp``: FSDP ranks take micro-batches of their own).
         micro_batch_size: at most this many samples per micro-batch.
         frozen: forward-only (no gradients flow back to it; it may run ahead).
         token_budget: optional cap on the sum of ``cost["tokens"]`` per micro-batch.
         max_in_flight: frozen sections: at most this many output messages sent and not yet
             received before the next forward (the runtime's run-ahead bound; ``None``: none).
+        tp: ranks per replica (a tensor-parallel group shares its replica's micro-batches);
+            schedulers ignore it, the section takes ``dp * tp`` ranks.
     """
 
     name: str
@@ -50,6 +53,7 @@ class SectionSpec:
     frozen: bool = False
     token_budget: int | None = None
     max_in_flight: int | None = None
+    tp: int = 1
 
 
 @dataclass(frozen=True)

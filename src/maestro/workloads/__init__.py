@@ -1,33 +1,31 @@
-"""Workloads: compound models with random initialisation and synthetic data (no downloads).
+"""Workloads: the built-in jobs and what every job shares.
 
-``get_workload(config)`` returns the workload named by ``config.workload``:
+A workload is a ``maestro.Job`` returned by a job function (see ``maestro.job``). The built-in
+ones, with random initialisation and synthetic data (no downloads):
 
-- ``kd``: frozen decoder teacher -> student (CE + KL, optional top-k logits).
-- ``mllm``: ViT-style vision encoder (+ projector) -> decoder LLM; with audio in the modality
-  mix, an audio encoder as well.
+- ``kd`` (``maestro.workloads.kd:job``): frozen decoder teacher -> student (CE + KL,
+  optional top-k logits).
+- ``mllm`` (``maestro.workloads.mllm:job``): ViT-style vision encoder (+ projector) ->
+  decoder LLM; with audio in the modality mix, an audio encoder as well.
 
-A workload builds each section with seeded weights (``graph()``), yields global batches
-(``batch(step)``), describes them for schedulers (``sample_infos(batch, graph)``) and gives the
-loss normaliser (``normaliser(batch)``).
+``get_workload(config)`` returns the job the config names, bound to it: it builds each
+section's seeded module (``graph()``), yields global batches (``batch(step)``), describes them
+for schedulers (``sample_infos(batch, graph)``) and gives the loss normaliser
+(``normaliser(batch)``).
 """
 
 from __future__ import annotations
 
 from maestro.config import TrainConfig
-from maestro.workloads.base import Workload
+from maestro.job import Job
 
 
-def get_workload(config: TrainConfig) -> Workload:
-    """The workload for a validated config."""
-    if config.workload == "kd":
-        from maestro.workloads.kd import KDWorkload
-
-        return KDWorkload(config)
-    if config.workload == "mllm":
-        from maestro.workloads.mllm import MLLMWorkload
-
-        return MLLMWorkload(config)
-    raise ValueError(f"workload.name: unknown workload {config.workload!r}")
+def get_workload(config: TrainConfig) -> Job:
+    """The job a validated config names, bound to it."""
+    return config.job()
 
 
-__all__ = ["Workload", "get_workload"]
+#: the interface every workload has (kept for code that names it)
+Workload = Job
+
+__all__ = ["Job", "Workload", "get_workload"]

@@ -7,18 +7,14 @@ communication and a run is reproducible.
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Mapping
 
 import torch
 
+from maestro.seeding import seed_for
+
 #: Successors per token in the bigram chain: low enough that a model can learn the language.
 BRANCHING = 4
-
-
-def seed_for(*parts: object) -> int:
-    """A stable 63-bit seed from any printable parts (independent of Python's hash salt)."""
-    return zlib.crc32(repr(parts).encode()) * 2654435761 % (2**63 - 1)
 
 
 def long_tailed_lengths(gen: torch.Generator, n: int, lo: int, hi: int) -> list[int]:

@@ -28,11 +28,13 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, D)
         b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        # -1 heads: under tensor parallelism ``qkv`` yields this rank's heads only
+        # (``maestro.parallel.tp``), H/tp of them, each still D/H wide
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, -1, d // self.heads).unbind(2)
         a = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=self.causal
         )  # (B, H, T, D/H)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, -1))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 

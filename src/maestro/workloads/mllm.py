@@ -1,4 +1,8 @@
-"""Multimodal LLM: ViT-style vision (and audio) encoders whose tokens are spliced into text."""
+"""Multimodal LLM: ViT-style vision (and audio) encoders whose tokens are spliced into text.
+
+``job(config)`` is the built-in ``mllm`` job (``[workload] name = "mllm"``), written with the
+public job API only.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from maestro.config import MLLMConfig
+from maestro.job import Job
 from maestro.sections import Outputs, Sample, Section
-from maestro.workloads.base import Workload
 from maestro.workloads.data import BigramLanguage, draw_kinds, long_tailed_lengths, seed_for
 from maestro.workloads.layers import Decoder, Encoder, pad_stack
 
@@ -27,57 +31,21 @@ def has_audio(sample: Sample) -> bool:
     return "audio" in sample
 
 
-class MLLMWorkload(Workload):
-    """``vision`` (+ ``audio``) -> ``llm``. Encoders include their projector to the LLM width.
+def job(config) -> Job:
+    """The ``mllm`` job: ``vision`` (+ ``audio``) -> ``llm``; encoders include their projector.
 
     A sample is text with an image inserted at ``image_pos`` (and audio at ``audio_pos``) when
     its kind has them. The LLM predicts every text token but the first from the position just
     before it in the interleaved sequence; image and audio positions have no target.
     """
+    c: MLLMConfig = config.model
+    language = BigramLanguage(c.vocab_size, config.seed)
+    ins = c.default_inputs()
+    from maestro.runtime.local import param_dtype
 
-    def __init__(self, config) -> None:
-        super().__init__(config)
-        self.cfg: MLLMConfig = config.model
-        self.language = BigramLanguage(self.cfg.vocab_size, config.seed)
+    data_dtype = param_dtype(config, frozen=False)
 
-    def _module(self, name: str) -> nn.Module:
-        c = self.cfg
-        if name == "vision":
-            return Encoder(
-                c.patch_dim,
-                c.vision_dim,
-                c.vision_layers,
-                c.heads,
-                c.image_patches,
-                c.llm_dim,
-                pool=c.image_pool,
-            )
-        if name == "audio":
-            return Encoder(
-                c.frame_dim, c.audio_dim, c.audio_layers, c.heads, c.audio_frames, c.llm_dim
-            )
-        max_len = c.seq_len_max + c.image_patches // c.image_pool + c.audio_frames
-        return Decoder(c.vocab_size, c.llm_dim, c.llm_layers, c.heads, max_len)
-
-    def _section(self, name: str, module: nn.Module) -> Section:
-        inputs = self.config.section_inputs()[name]
-        frozen = self.config.sections[name].frozen
-        if name == "llm":
-            return Section(name, module, inputs=inputs, frozen=frozen, forward=self._llm_forward)
-        key = "image" if name == "vision" else "audio"
-        act = has_image if name == "vision" else has_audio
-        return Section(
-            name,
-            module,
-            inputs=inputs,
-            frozen=frozen,
-            activates_on=act,
-            forward=lambda m, samples, _inputs: _encode(m, samples, key),
-        )
-
-    def _llm_forward(
-        self, module: nn.Module, samples: Sequence[Sample], inputs: Mapping
-    ) -> list[Outputs]:
+    def llm(module: nn.Module, samples: Sequence[Sample], inputs: Mapping) -> list[Outputs]:
         seqs, labels = [], []
         for i, s in enumerate(samples):
             toks = s["tokens"]
@@ -90,7 +58,7 @@ class MLLMWorkload(Workload):
             text = module.tok(toks)  # (L, D)
             parts, ids, prev = [], [], 0
             for pos, emb in inserts:
-                parts += [text[prev:pos], emb]
+                parts += [text[prev:pos], emb.to(text.dtype)]
                 ids += [toks[prev:pos], toks.new_full((emb.shape[0],), IGNORE)]
                 prev = pos
             parts.append(text[prev:])
@@ -108,32 +76,74 @@ class MLLMWorkload(Workload):
             for i, y in enumerate(labels)
         ]
 
-    def batch(self, step: int) -> list[Sample]:
-        c = self.cfg
-        n = self.config.global_batch
-        g = torch.Generator().manual_seed(seed_for("batch", self.config.seed, step))
+    def batches(step: int) -> list[Sample]:
+        n = config.global_batch
+        g = torch.Generator().manual_seed(seed_for("batch", config.seed, step))
         lens = long_tailed_lengths(g, n, c.seq_len_min, c.seq_len_max)
-        toks = self.language.sample(g, lens)
+        toks = language.sample(g, lens)
         kinds = draw_kinds(g, n, c.mix)
         batch = []
-        for i, (t, kind) in enumerate(zip(toks, kinds)):
-            s = {"id": i, "kind": kind, "tokens": t}
+        for t, kind in zip(toks, kinds):
+            s = {"kind": kind, "tokens": t}
             if "image" in kind:
-                s["image"] = torch.randn(c.image_patches, c.patch_dim, generator=g).to(self.dtype)
+                s["image"] = torch.randn(c.image_patches, c.patch_dim, generator=g).to(data_dtype)
                 s["image_pos"] = int(torch.randint(1, t.numel(), (1,), generator=g))
             if "audio" in kind:
-                s["audio"] = torch.randn(c.audio_frames, c.frame_dim, generator=g).to(self.dtype)
+                s["audio"] = torch.randn(c.audio_frames, c.frame_dim, generator=g).to(data_dtype)
                 s["audio_pos"] = int(torch.randint(1, t.numel(), (1,), generator=g))
             batch.append(s)
         return batch
 
-    def _cost(self, sample: Sample) -> dict[str, float]:
+    def cost(sample: Sample) -> dict[str, float]:
         n = sample["tokens"].numel()
         img = int("image" in sample)
         aud = int("audio" in sample)
-        c = self.cfg
         tokens = n + img * (c.image_patches // c.image_pool) + aud * c.audio_frames
         return {"tokens": tokens, "text_tokens": n, "images": img, "audio": aud}
+
+    max_len = c.seq_len_max + c.image_patches // c.image_pool + c.audio_frames
+    sections = [
+        Section(
+            "vision",
+            lambda: Encoder(
+                c.patch_dim,
+                c.vision_dim,
+                c.vision_layers,
+                c.heads,
+                c.image_patches,
+                c.llm_dim,
+                pool=c.image_pool,
+            ),
+            inputs=ins["vision"],
+            activates_on=has_image,
+            forward=lambda m, samples, _inputs: _encode(m, samples, "image"),
+        )
+    ]
+    if "audio" in ins:
+        sections.append(
+            Section(
+                "audio",
+                lambda: Encoder(
+                    c.frame_dim, c.audio_dim, c.audio_layers, c.heads, c.audio_frames, c.llm_dim
+                ),
+                inputs=ins["audio"],
+                activates_on=has_audio,
+                forward=lambda m, samples, _inputs: _encode(m, samples, "audio"),
+            )
+        )
+    sections.append(
+        Section(
+            "llm",
+            lambda: Decoder(c.vocab_size, c.llm_dim, c.llm_layers, c.heads, max_len),
+            inputs=ins["llm"],
+            forward=llm,
+        )
+    )
+    return Job(sections, batches=batches, sample_cost=cost)
+
+
+#: the ``[workload]`` table's settings (validated when the config loads)
+job.Config = MLLMConfig
 
 
 def _encode(module: nn.Module, samples: Sequence[Sample], key: str) -> list[Outputs]:

@@ -1,0 +1,368 @@
+"""The public job API: a compound model and its data, written by the user in Python.
+
+A run config names a *job function* (``[workload] name = "package.module:function"``); Maestro
+calls it with the validated ``TrainConfig`` (the free-form ``[workload]`` keys are in
+``config.model``, a dict, unless the function declares a ``Config`` dataclass) and it returns a
+``Job``::
+
+    from maestro import Job, Section
+
+    def job(config):
+        def student_fwd(module, samples, inputs):          # samples: list of dicts
+            ...                                            # inputs["teacher"][i]: dict or None
+            return [{"loss": per_sample_loss} for ...]     # summed over the sample's targets
+        return Job(
+            sections=[
+                Section("teacher", lambda: MyTeacher(), frozen=True, forward=teacher_fwd),
+                Section("student", lambda: MyStudent(), inputs=["teacher"], forward=student_fwd),
+            ],
+            dataset=maestro.data.JsonlDataset("train.jsonl"),   # any map-style dataset
+        )
+
+A section's module may be an ``nn.Module`` or a zero-argument factory; factories are called
+only on the ranks that run the section, under a seed derived from ``(config.seed, name)``, so
+a section starts from the same weights whatever the layout. The built-in ``kd`` and ``mllm``
+workloads are job functions of this kind (``maestro.workloads.kd:job``,
+``maestro.workloads.mllm:job``); nothing in the runtime, profiler, planner or simulator knows
+them by name.
+
+What the runtime needs from a job, with its default:
+
+- the global batch of step ``s``: ``batches(s)`` if given, else ``config.global_batch``
+  records of ``dataset`` in a seeded, per-epoch shuffled order that every rank computes alike
+  (``shuffle=False``: file order); step ``s`` reads positions ``s*B .. (s+1)*B - 1`` of that
+  endless sequence, so a resumed run continues where it stopped. ``collate(record)`` turns a
+  record into a sample (dict of tensors); by default lists of numbers become tensors.
+- the loss normaliser of a global batch: ``normaliser(batch)``, else the number of predicted
+  tokens (``len(input_ids) - 1`` per sample, or ``labels != -100`` counted after the shift,
+  or ``num_targets``), else the number of samples;
+- per-sample cost features for the scheduler: ``sample_cost(sample)``, else ``tokens`` (the
+  sample's sequence length), ``images`` and ``audio`` (1 when the sample has such a key).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from maestro.schedule.types import SampleInfo
+from maestro.sections import Sample, Section, SectionGraph
+from maestro.seeding import seed_for
+
+#: keys holding a sample's token ids, in the order the defaults look for them
+TOKEN_KEYS = ("input_ids", "tokens")
+#: label value ignored by the loss (PyTorch's and Hugging Face's convention)
+IGNORE_INDEX = -100
+IMAGE_KEYS = ("image", "pixel_values", "images")
+AUDIO_KEYS = ("audio", "input_features", "audio_features")
+
+
+def default_collate(record: dict) -> dict:
+    """One dataset record as a sample: lists of numbers become tensors (int64 or float32)."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a dataset record must be a dict, got {type(record).__name__}")
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, (list, tuple)) and v and _numeric(v):
+            t = torch.tensor(v)
+            out[k] = t.to(torch.float32) if t.is_floating_point() else t
+        else:
+            out[k] = v
+    return out
+
+
+def _numeric(v) -> bool:
+    x = v
+    while isinstance(x, (list, tuple)) and x:
+        x = x[0]
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _length(sample: Sample) -> int | None:
+    for k in TOKEN_KEYS:
+        v = sample.get(k)
+        if isinstance(v, torch.Tensor):
+            return int(v.shape[-1])
+    return None
+
+
+def default_normaliser(batch: Sequence[Sample]) -> float:
+    """Predicted tokens of the batch (see the module docstring), else its sample count."""
+    total = 0.0
+    for s in batch:
+        if "num_targets" in s:
+            total += float(s["num_targets"])
+        elif isinstance(s.get("labels"), torch.Tensor):
+            total += float((s["labels"][..., 1:] != IGNORE_INDEX).sum())
+        elif (n := _length(s)) is not None:
+            total += n - 1
+        else:
+            total += 1.0
+    return max(total, 1.0)
+
+
+def default_sample_cost(sample: Sample) -> dict[str, float]:
+    """``tokens`` (sequence length, 1 without one), ``images`` and ``audio`` (0 or 1)."""
+    n = _length(sample)
+    return {
+        "tokens": float(n if n is not None else 1),
+        "images": float(any(k in sample for k in IMAGE_KEYS)),
+        "audio": float(any(k in sample for k in AUDIO_KEYS)),
+    }
+
+
+class Job:
+    """A compound model (its sections) and its data.
+
+    Args:
+        sections: the sections (``maestro.Section``), any number, any DAG; each module an
+            ``nn.Module`` or a zero-argument factory returning one.
+        dataset: a map-style dataset (``__len__`` and ``__getitem__``: a
+            ``torch.utils.data.Dataset``, a Hugging Face ``datasets.Dataset``, a list) of dict
+            records. Either ``dataset`` or ``batches``.
+        batches: ``batches(step) -> list of dict samples`` (the global batch of ``step``); for
+            synthetic data generated per step. Must return the same batch on every rank.
+        collate: ``collate(record) -> sample`` applied to each dataset record (default:
+            ``default_collate``).
+        normaliser: ``normaliser(batch) -> float``: what the summed per-sample losses of a
+            global batch are divided by (default: ``default_normaliser``).
+        sample_cost: ``sample_cost(sample) -> {feature: value}`` for the scheduler's cost model
+            (default: ``default_sample_cost``).
+        shuffle: reshuffle ``dataset`` every epoch (seeded by the run's seed); ``False`` reads
+            it in order.
+    """
+
+    def __init__(
+        self,
+        sections: Sequence[Section],
+        *,
+        dataset: Any = None,
+        batches: Callable[[int], Sequence[Sample]] | None = None,
+        collate: Callable[[Any], Sample] | None = None,
+        normaliser: Callable[[Sequence[Sample]], float] | None = None,
+        sample_cost: Callable[[Sample], dict[str, float]] | None = None,
+        shuffle: bool = True,
+    ) -> None:
+        sections = list(sections)
+        if not sections:
+            raise ValueError("Job(sections=...): a job needs at least one section")
+        for s in sections:
+            if not isinstance(s, Section):
+                raise ValueError(f"Job(sections=...): expected maestro.Section, got {type(s)}")
+        if (dataset is None) == (batches is None):
+            raise ValueError("Job: give exactly one of dataset= (records) or batches= (a function)")
+        if dataset is not None:
+            if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+                raise ValueError(
+                    "Job(dataset=...): need a map-style dataset (__len__ and __getitem__), got "
+                    f"{type(dataset).__name__}"
+                )
+            if len(dataset) == 0:
+                raise ValueError("Job(dataset=...): the dataset is empty")
+        self.sections = sections
+        self.dataset = dataset
+        self._batches = batches
+        self.collate = collate or default_collate
+        self._normaliser = normaliser or default_normaliser
+        self._sample_cost = sample_cost or default_sample_cost
+        self.shuffle = shuffle
+        self.config = None
+        self._orders: dict[int, list[int]] = {}
+
+    # -- set by the runtime -------------------------------------------------------------------
+    def bind(self, config) -> Job:
+        """Attach the run config (seed, batch size, dtype, which sections are frozen)."""
+        self.config = config
+        by_name = {s.name: s for s in self.sections}
+        for name, sc in config.sections.items():
+            if name in by_name and sc.frozen is not None:
+                by_name[name].frozen = bool(sc.frozen)
+            if name in by_name and sc.inputs is not None:
+                by_name[name].inputs = tuple(sc.inputs)
+        return self
+
+    @property
+    def structure(self) -> dict[str, tuple[list[str], bool]]:
+        """``name -> (inputs, frozen)`` as the job declares them."""
+        return {s.name: (list(s.inputs), s.frozen) for s in self.sections}
+
+    # -- the workload interface the runtime, profiler and planner use -------------------------
+    def build_module(self, name: str) -> nn.Module:
+        """Section ``name``'s module: built (factory) under its seed, in the run's dtype."""
+        from maestro.runtime.local import param_dtype
+
+        sec = self._section(name)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed_for("init", self.config.seed, name))
+            module = sec.module() if not isinstance(sec.module, nn.Module) else sec.module
+        if not isinstance(module, nn.Module):
+            raise ValueError(
+                f"section {name!r}: its factory returned {type(module).__name__}, not an nn.Module"
+            )
+        module = module.to(param_dtype(self.config, sec.frozen))
+        if sec.frozen:
+            module.requires_grad_(False).eval()
+        return module
+
+    def graph(self, build: Iterable[str] | None = None) -> SectionGraph:
+        """The section graph; modules are built for the names in ``build`` (default: all).
+
+        Sections not built get an empty ``nn.Module`` placeholder: a rank only needs its own
+        section's weights, and the rest of the graph for routing.
+        """
+        names = [s.name for s in self.sections]
+        build = set(names if build is None else build)
+        bf16 = self.config.dtype == "bfloat16"
+        out = []
+        for s in self.sections:
+            module = self.build_module(s.name) if s.name in build else nn.Module()
+            sec = s.clone(module)
+            if bf16:
+                sec.autocast_dtype = torch.bfloat16
+                sec.input_dtype = torch.bfloat16 if s.frozen else None
+            out.append(sec)
+        return SectionGraph(out)
+
+    def batch(self, step: int) -> list[Sample]:
+        """Global batch of ``step``: ``config.global_batch`` samples with ``"id"`` 0..B-1."""
+        b = self.config.global_batch
+        if self._batches is not None:
+            got = list(self._batches(step))
+            if len(got) != b:
+                raise ValueError(
+                    f"Job.batches({step}) returned {len(got)} samples; global_batch is {b}"
+                )
+            raw = got
+        else:
+            raw = [self.collate(self.dataset[i]) for i in self.indices(step)]
+        out = []
+        for i, s in enumerate(raw):
+            if not isinstance(s, dict):
+                raise ValueError(f"step {step}: sample {i} is a {type(s).__name__}, not a dict")
+            out.append({**s, "id": i})
+        return out
+
+    def indices(self, step: int) -> list[int]:
+        """Dataset positions of step ``step``'s samples (deterministic, the same on every rank)."""
+        n, b = len(self.dataset), self.config.global_batch
+        start = step * b
+        out = []
+        while len(out) < b:
+            epoch, pos = divmod(start + len(out), n)
+            order = self._epoch_order(epoch)
+            take = min(b - len(out), n - pos)
+            out += order[pos : pos + take]
+        return out
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            n = len(self.dataset)
+            if self.shuffle:
+                g = torch.Generator().manual_seed(seed_for("data order", self.config.seed, epoch))
+                self._orders = {epoch: torch.randperm(n, generator=g).tolist()}
+            else:
+                self._orders = {epoch: list(range(n))}
+        return self._orders[epoch]
+
+    def epoch_of(self, step: int) -> float:
+        """How many passes over the dataset the first ``step`` steps make."""
+        if self.dataset is None:
+            return math.nan
+        return step * self.config.global_batch / len(self.dataset)
+
+    def sample_infos(self, batch: Sequence[Sample], graph: SectionGraph) -> list[SampleInfo]:
+        """What a scheduler needs about each sample: the sections it activates and its cost."""
+        return [
+            SampleInfo(
+                sample_id=s["id"],
+                sections=frozenset(sec.name for sec in graph if sec.activated(s)),
+                cost=self._sample_cost(s),
+            )
+            for s in batch
+        ]
+
+    def normaliser(self, batch: Sequence[Sample]) -> float:
+        """What the summed per-sample losses of ``batch`` are divided by (> 0)."""
+        v = float(self._normaliser(batch))
+        if not v > 0:
+            raise ValueError(f"the job's normaliser returned {v}; it must be > 0")
+        return v
+
+    def _section(self, name: str) -> Section:
+        for s in self.sections:
+            if s.name == name:
+                return s
+        raise ValueError(f"the job has no section {name!r}")
+
+
+def resolve_job_function(name: str, base_dir: str | None = None) -> Callable:
+    """Import a job function; ``ValueError`` (one line) when it cannot be.
+
+    ``name`` is ``"package.module:function"`` (importable, or a module file in ``base_dir``,
+    the run config's directory) or ``"path/to/file.py:function"`` (relative to ``base_dir``).
+    """
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    mod, sep, fn = name.rpartition(":")
+    if not sep or not mod or not fn:
+        raise ValueError(f'workload.name: {name!r} is not of the form "package.module:function"')
+    if mod.endswith(".py"):
+        path = Path(mod)
+        if not path.is_absolute() and base_dir is not None:
+            path = Path(base_dir) / path
+        if not path.is_file():
+            raise ValueError(f"workload.name: job file {path} does not exist")
+        key = f"maestro_job_{abs(hash(str(path.resolve())))}"
+        module = sys.modules.get(key)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(key, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[key] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception:
+                del sys.modules[key]
+                raise
+    else:
+        if base_dir is not None and str(base_dir) not in sys.path:
+            # a job module next to the run config imports like a script's neighbour
+            sys.path.insert(0, str(base_dir))
+        try:
+            module = importlib.import_module(mod)
+        except ImportError as e:
+            raise ValueError(f"workload.name: cannot import module {mod!r} ({e})") from None
+    try:
+        obj = getattr(module, fn)
+    except AttributeError:
+        raise ValueError(f"workload.name: module {mod!r} has no function {fn!r}") from None
+    if not callable(obj):
+        raise ValueError(f"workload.name: {name!r} is not callable")
+    return obj
+
+
+def call_job_function(fn: Callable, config) -> Job:
+    """``fn(config)``, checked to return a ``Job``."""
+    job = fn(config)
+    if not isinstance(job, Job):
+        raise ValueError(
+            f"workload.name: {config.workload!r} returned {type(job).__name__}, not a maestro.Job"
+        )
+    return job
+
+
+__all__ = [
+    "IGNORE_INDEX",
+    "Job",
+    "call_job_function",
+    "default_collate",
+    "default_normaliser",
+    "default_sample_cost",
+    "resolve_job_function",
+]
