@@ -206,6 +206,8 @@ class Job:
         module = module.to(param_dtype(self.config, sec.frozen))
         if sec.frozen:
             module.requires_grad_(False).eval()
+        else:
+            _warn_dropout(name, module)
         return module
 
     def graph(self, build: Iterable[str] | None = None) -> SectionGraph:
@@ -297,6 +299,34 @@ class Job:
             if s.name == name:
                 return s
         raise ValueError(f"the job has no section {name!r}")
+
+
+def _warn_dropout(name: str, module: nn.Module) -> None:
+    """Say once per section that dropout makes the loss depend on the layout.
+
+    The rule: a run is reproducible for a given layout and scheduler (every rank's RNG
+    starts from torch's fixed default seed and consumes it in schedule order), but dropout
+    masks are drawn per micro-batch, so another layout draws other, equally valid masks and
+    its losses differ. For exactness checks (Maestro vs ``--monolithic`` vs a plain loop)
+    build the modules with dropout 0, as the built-in jobs and ``maestro.hf`` do by default.
+    """
+    import sys
+
+    ps = sorted(
+        {
+            m.p
+            for m in module.modules()
+            if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 and m.training
+        }
+    )
+    if ps:
+        print(
+            f"maestro: section {name!r} has dropout (p={', '.join(f'{p:g}' for p in ps)}): its "
+            "losses are reproducible for this layout, not equal across layouts (set dropout "
+            "to 0 to compare layouts exactly)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def resolve_job_function(name: str, base_dir: str | None = None) -> Callable:

@@ -20,12 +20,14 @@ from maestro import config as C
 from maestro.runtime.launch import RunOptions, launch
 
 JOB = textwrap.dedent(
-    '''
+    """
     import json
     import torch
     from torch import nn
     import maestro
     from maestro import Job, Section
+
+    DROPOUT = 0.0
 
 
     class Tagger(nn.Module):
@@ -45,10 +47,11 @@ JOB = textwrap.dedent(
             self.emb = nn.Embedding(vocab, dim)
             self.mix = nn.Linear(2 * dim, dim)
             self.out = nn.Linear(dim, vocab)
+            self.drop = nn.Dropout(DROPOUT)
 
         def forward(self, ids, hint, mask):          # (T,), (T, D), (T,) bool
             h = torch.cat([self.emb(ids), hint * mask[:, None]], -1)
-            return self.out(torch.tanh(self.mix(h)))  # (T, V)
+            return self.out(self.drop(torch.tanh(self.mix(h))))  # (T, V)
 
 
     def tag(module, samples, inputs):
@@ -79,7 +82,7 @@ JOB = textwrap.dedent(
             ],
             dataset=records,
         )
-    '''
+    """
 )
 
 
@@ -189,8 +192,8 @@ def test_diverging_data_pipelines_fail_in_one_line(tmp_path):
     # each rank reads a different slice: a classic unseeded/rank-dependent pipeline bug
     (tmp_path / "userjob.py").write_text(
         src.replace(
-            "records = [json.loads(line) for line in open(w[\"data\"])]",
-            "import os\n    records = [json.loads(line) for line in open(w[\"data\"])]"
+            'records = [json.loads(line) for line in open(w["data"])]',
+            'import os\n    records = [json.loads(line) for line in open(w["data"])]'
             "[int(os.environ.get('RANK', 0)):]",
         )
     )
@@ -244,4 +247,46 @@ def test_every_dtype_crosses_the_wire():
             assert got[k].dtype == want[k].dtype
             assert torch.equal(got[k], want[k])
     with pytest.raises(ValueError, match="cannot be sent between sections"):
-        pack([(0, {"q": torch.zeros(2, dtype=torch.quint8)})])
+        pack([(0, {"q": torch.zeros(2, dtype=torch.float8_e4m3fn)})])
+
+
+@pytest.mark.dist
+def test_dropout_rule_reproducible_per_layout_and_said(tmp_path, capfd):
+    """The documented dropout rule: the same layout twice gives the same losses; the run says
+    that other layouts would differ."""
+    path = write_job(tmp_path)
+    (tmp_path / "userjob.py").write_text(JOB.replace("DROPOUT = 0.0", "DROPOUT = 0.3"))
+    cfg = C.load(path)
+    a = launch(cfg, opts=RunOptions(progress=False))["losses"]
+    b = launch(cfg, opts=RunOptions(progress=False))["losses"]
+    assert a == b
+    err = capfd.readouterr().err
+    assert "section 'learner' has dropout (p=0.3)" in err
+    assert "not equal across layouts" in err
+    # and the masks do act: the loss differs from the dropout-free job's
+    (tmp_path / "userjob.py").write_text(JOB)
+    import sys
+
+    sys.modules.pop("userjob", None)
+    c = launch(C.load(path), opts=RunOptions(progress=False))["losses"]
+    assert c[1:] != a[1:]
+
+
+@pytest.mark.dist
+def test_quickstart_example_trains(tmp_path):
+    """The README's example, copied elsewhere, trains from its own data file."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "examples" / "quickstart"
+    for f in ("job.py", "run.toml", "make_data.py"):
+        shutil.copy(src / f, tmp_path / f)
+    subprocess.run([sys.executable, str(tmp_path / "make_data.py")], check=True)
+    sys.modules.pop("job", None)
+    d = C.load(tmp_path / "run.toml").to_dict()
+    d["steps"] = 3
+    res = launch(C.from_dict(d), opts=RunOptions(progress=False))
+    assert len(res["losses"]) == 3 and all(math.isfinite(v) for v in res["losses"])
+    assert res["layout"]["teacher"]["frozen"] is True

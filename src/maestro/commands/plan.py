@@ -113,5 +113,5 @@ def run(args: argparse.Namespace) -> int:
             # was scored on (without one it estimates them from FLOPs)
             wl.config.cost_profile = str(Path(args.profile).resolve())
         Path(args.out).write_text(plan_toml(wl, plan))
-        print(f"wrote {args.out} ({'monolithic' if args.monolithic else 'per-section'} plan)")
+        print(f"wrote {args.out} ({'monolithic' if plan.monolithic else 'per-section'} plan)")
     return 0

@@ -111,6 +111,11 @@ def worker_main(config: TrainConfig, opts: RunOptions) -> dict | None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     device = _device(opts, int(os.environ.get("LOCAL_RANK", 0)))
     torch.set_num_threads(config.threads)
+    # spawned processes start from random RNG states: seed each rank from the run's seed so a
+    # run (dropout masks included) is reproducible for its layout; resume restores the states
+    from maestro.seeding import seed_for
+
+    torch.manual_seed(seed_for("rank rng", config.seed, rank))
     timeout = timedelta(seconds=opts.timeout_s)
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo",
@@ -218,6 +223,10 @@ def _train(config, opts, rank, world, device) -> dict | None:
     totals = {c: v - totals0.get(c, 0.0) for c, v in tracer.totals.items()}
     all_totals = [None] * world
     dist.all_gather_object(all_totals, totals)
+    # per rank: bytes of parameters, gradients and optimizer state (after the last step)
+    mem = worker.state_bytes() if hasattr(worker, "state_bytes") else None
+    all_mem = [None] * world
+    dist.all_gather_object(all_mem, (worker.label, mem))
     if opts.trace is not None:
         gathered = [None] * world
         dist.all_gather_object(gathered, (rank, worker.label, tracer.events))
@@ -242,10 +251,19 @@ def _train(config, opts, rank, world, device) -> dict | None:
         "samples_per_s": measured_steps * config.global_batch / elapsed,
         "busy": busy_frac,
         "seconds": _per_section_totals(sections, all_totals, measured_steps),
+        "state_bytes": [{"rank": r, "label": lab, **(m or {})} for r, (lab, m) in enumerate(all_mem)],
         "layout": {"model": {"dp": world, "micro_batch_size": config.monolithic_micro_batch_size}}
         if opts.monolithic
         else {
-            n: {"dp": sc.dp, "micro_batch_size": sc.micro_batch_size, "frozen": sc.frozen}
+            n: {
+                "dp": sc.dp,
+                "fsdp": sc.fsdp,
+                "tp": sc.tp,
+                "zero": sc.zero,
+                "recompute": sc.recompute,
+                "micro_batch_size": sc.micro_batch_size,
+                "frozen": sc.frozen,
+            }
             for n, sc in config.sections.items()
         },
     }
@@ -318,12 +336,13 @@ def _save_checkpoint(config, opts, rank, world, worker, next_step, losses) -> No
 
     d = Path(opts.checkpoint_dir)
     worker.finish()  # every message of the finished steps is delivered
-    for name, (module, optimizer) in worker.checkpoint_state().items():
+    states = worker.checkpoint_state()  # collective inside a sharded section
+    for name, (module, optimizer) in states.items():
         ck.save_section(d, next_step, name, module, optimizer)
     rngs = [None] * world
     dist.all_gather_object(rngs, ck.rng_state())
     names = [None] * world
-    dist.all_gather_object(names, list(worker.checkpoint_state()))
+    dist.all_gather_object(names, list(states))
     if rank == 0:
         meta = {
             "next_step": next_step,
