@@ -17,7 +17,7 @@ Two parts (``--part sim,validate``; both by default):
   ranks (layouts the runtime runs: disjoint sections or the whole model per rank; fastest
   step), run the planned config, the hand-written one and the hand-written monolithic one
   for real, interleaved (``maestro.runtime.launch``; median of ``--repeats``), and print
-  predicted (the measured window replayed: ``maestro.sim.calibrate.replay_run``) vs
+  predicted (the measured window replayed: ``maestro.profiling.runs.replay_run``) vs
   measured step time.
 
 Run: ``.venv/bin/python bench/maestro_plan.py [--part sim] [--gpus 64,256,1024]``.
@@ -168,9 +168,9 @@ def validate_part(
     from maestro.config import load
     from maestro.costmodel import MeasuredCostModel
     from maestro.plan import SearchOptions, plan_maestro
+    from maestro.profiling.runs import replay_run
+    from maestro.profiling.sections import profile_config
     from maestro.runtime.launch import RunOptions, launch
-    from maestro.sim.calibrate import replay_run
-    from maestro.sim.profile import profile_config
     from maestro.workloads import get_workload
 
     if from_run:
@@ -195,7 +195,7 @@ def validate_part(
             # fitted from traced real runs (maestro.sim.calibrate): per-micro-batch overheads,
             # transfers, contention, and with micro_batches the monolithic runtime's own costs
             # at every size the search may pick; seeds differ from the measured runs'
-            from maestro.sim.calibrate import run_and_profile
+            from maestro.profiling.runs import run_and_profile
 
             prof = run_and_profile(
                 cfg,

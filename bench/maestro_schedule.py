@@ -129,7 +129,7 @@ def _run(cfg, monolithic: bool = False) -> list[float]:
 def real_part(steps: int, repeats: int, mixes=(0.2, 0.4, 0.6)) -> None:
     import statistics
 
-    from maestro.sim.calibrate import run_and_profile
+    from maestro.profiling.runs import run_and_profile
 
     print(
         f"\n== real runs, examples/mllm.toml on 2 processes x 1 thread, {steps} steps (first "
@@ -218,8 +218,9 @@ def validate_part(steps: int, repeats: int, fit_seed: int = 1000) -> None:
     import statistics
 
     from maestro.costmodel import MeasuredCostModel
+    from maestro.profiling.runs import param_bytes_of
     from maestro.runtime.launch import RunOptions, launch
-    from maestro.sim.calibrate import param_bytes_of, profile_from_trace
+    from maestro.sim.calibrate import profile_from_trace
 
     print(
         f"\n== simulator vs measured step time. Per config, {repeats} rounds of: a traced fifo "

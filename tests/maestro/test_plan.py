@@ -16,7 +16,7 @@ from maestro.plan import (
     plan_maestro,
     plan_monolithic,
 )
-from maestro.plan.search import _balanced_order, _Problem
+from maestro.plan.problem import _balanced_order, _Problem
 from maestro.schedule.types import SampleInfo, SectionSpec
 from maestro.sim.scenarios import SHAPES
 
@@ -97,7 +97,7 @@ def test_memory_limit_is_respected_and_forces_tp(kd16):
     p = plan_maestro(kd16.samples, kd16.sections, cm, 16, opts)
     assert all(s.memory <= limit for s in p.sections.values())
     assert p.sections["teacher"].tp >= 2
-    from maestro.plan.search import _section_options
+    from maestro.plan.problem import _section_options
 
     tight = _section_options(_Problem(kd16.samples, kd16.sections, cm, 16, opts), "teacher")
     loose = _section_options(
@@ -130,7 +130,7 @@ def test_producer_holding_its_batch_needs_enough_replicas(mllm16):
     v = p.sections["vision"]
     assert v.memory <= 20e9
     one = _Problem(samples, wl.sections, cm, 16, opts)
-    from maestro.plan.search import _section_options
+    from maestro.plan.problem import _section_options
 
     need = min(o.min_dp for o in _section_options(one, "vision"))
     assert need > 1 and v.dp >= need

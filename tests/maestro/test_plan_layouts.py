@@ -23,8 +23,8 @@ from maestro.plan.colocate import (
     set_partitions,
     valid_groupings,
 )
+from maestro.plan.problem import _Problem, _section_options
 from maestro.plan.report import plan_toml, read_plan
-from maestro.plan.search import _Problem, _section_options
 from maestro.plan.steady import steady_state
 from maestro.plan.tpmodel import TPCostModel
 from maestro.plan.workload import scenario_workload
@@ -125,7 +125,7 @@ def test_all_colocated_with_equal_micro_batches_is_the_monolithic_layout():
     groups = [("enc", "dec")]
     mbs = {"enc": 4, "dec": 4}
     p = _Problem(samples, secs, cm, 8, SearchOptions())
-    from maestro.plan.search import _simulate
+    from maestro.plan.problem import _simulate
 
     specs_m = [replace(s, dp=8, micro_batch_size=4) for s in secs]
     mono = _simulate(p, specs_m, cm, monolithic=True, mbs=4)

@@ -1,4 +1,4 @@
-"""``maestro.sim.profile``: time and memory against micro-batch size and sequence length."""
+"""``maestro.profiling.sections``: time and memory against micro-batch size and sequence length."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from maestro.cli import main
 from maestro.config import load
 from maestro.costmodel import MeasuredCostModel
-from maestro.sim.profile import _saved_bytes, _truncate, profile_config
+from maestro.profiling.sections import _saved_bytes, _truncate, profile_config
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

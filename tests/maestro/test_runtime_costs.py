@@ -7,9 +7,9 @@ import torch
 
 from maestro import config as C
 from maestro.costmodel import MeasuredCostModel, micro_batch_features
+from maestro.profiling.runs import run_and_profile
 from maestro.runtime import RunOptions, launch, reference_train
 from maestro.runtime.costs import FlopCostModel, flop_cost_model, runtime_cost_model
-from maestro.sim.calibrate import run_and_profile
 
 KD = """
 global_batch = 8

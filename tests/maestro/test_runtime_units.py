@@ -7,7 +7,8 @@ from maestro import config as C
 from maestro.runtime.executor import check_schedule
 from maestro.runtime.local import compound_loss, reference_train
 from maestro.runtime.wire import message_tags, pack, unpack
-from maestro.schedule.types import MicroBatch, SampleInfo, Schedule, SectionSpec, fifo_schedule
+from maestro.schedule.fifo import fifo_schedule
+from maestro.schedule.types import MicroBatch, SampleInfo, Schedule, SectionSpec
 from maestro.workloads import get_workload
 
 

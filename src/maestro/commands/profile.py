@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     from maestro.config import load
     from maestro.costmodel import MeasuredCostModel
-    from maestro.sim.profile import profile_config
+    from maestro.profiling.sections import profile_config
 
     sizes = _int_list(args.sizes, "--sizes")
     if args.repeats < 1:
@@ -105,7 +105,7 @@ def _from_run(cfg, args: argparse.Namespace) -> int:
     import json
 
     from maestro.costmodel import MeasuredCostModel
-    from maestro.sim.calibrate import run_and_profile
+    from maestro.profiling.runs import run_and_profile
 
     mbs = _int_list(args.micro_batches, "--micro-batches")
     prof = run_and_profile(

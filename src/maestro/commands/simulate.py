@@ -89,7 +89,7 @@ def load_workload(args: argparse.Namespace):
             raise ValueError(f"--samples must be >= 1, got {args.samples}")
         cfg.global_batch = args.samples
     if args.profile is None:
-        from maestro.sim.profile import profile_config
+        from maestro.profiling.sections import profile_config
 
         print("profiling the sections on this machine (pass --profile to reuse one) ...")
         cm = MeasuredCostModel.from_profile(profile_config(cfg))

@@ -154,7 +154,7 @@ def load_workload(config: str, gpus: int | None = None, profile: str | None = No
 
     cfg = load(path)
     if profile is None:
-        from maestro.sim.profile import profile_config
+        from maestro.profiling.sections import profile_config
 
         print("profiling the sections on this machine (pass --profile to reuse one) ...")
         cm = MeasuredCostModel.from_profile(profile_config(cfg))

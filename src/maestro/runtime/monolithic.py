@@ -27,7 +27,8 @@ from maestro.runtime.local import (
     set_lr,
 )
 from maestro.runtime.trace import Tracer
-from maestro.schedule.types import SampleInfo, SectionSpec, fifo_schedule
+from maestro.schedule.fifo import fifo_schedule
+from maestro.schedule.types import SampleInfo, SectionSpec
 
 
 class MonolithicWorker:

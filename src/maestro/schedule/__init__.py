@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from maestro.schedule.fifo import fifo_schedule
 from maestro.schedule.monolithic import monolithic_schedule
 from maestro.schedule.types import (
     MicroBatch,
@@ -16,7 +17,6 @@ from maestro.schedule.types import (
     SampleInfo,
     Schedule,
     SectionSpec,
-    fifo_schedule,
 )
 from maestro.schedule.validate import validate_schedule
 from maestro.schedule.wavefront import wavefront_schedule

@@ -7,7 +7,7 @@ it on a cost model. Keep this module free of torch so it stays cheap to import a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -109,46 +109,3 @@ class Schedule:
             }
             self._route_cache = cache
         return cache
-
-
-def fifo_schedule(
-    samples: Sequence[SampleInfo], sections: Sequence[SectionSpec], cost_model=None
-) -> Schedule:
-    """Data order: each section deals its activated samples round-robin in blocks.
-
-    Samples activated for a section are split into contiguous chunks of roughly equal size per
-    replica (data-parallel sharding, in data order), then cut into micro-batches of at most
-    ``micro_batch_size`` samples (and ``token_budget`` tokens, if set). This is the runtime's
-    baseline behaviour.
-    """
-    from maestro.schedule.graph import check_sections  # graph imports this module
-
-    check_sections(sections)
-    order: dict[str, list[list[MicroBatch]]] = {}
-    for sec in sections:
-        ids = [s.sample_id for s in samples if sec.name in s.sections]
-        # contiguous shards: replica r gets ids[r*n/dp : (r+1)*n/dp]
-        n = len(ids)
-        per = [ids[(r * n) // sec.dp : ((r + 1) * n) // sec.dp] for r in range(sec.dp)]
-        cost = {s.sample_id: s.cost for s in samples}
-        order[sec.name] = [_cut(shard, sec, cost) for shard in per]
-    return Schedule(order=order, name="fifo")
-
-
-def _cut(ids: list[int], sec: SectionSpec, cost: Mapping[int, Mapping[str, float]]):
-    """Cut ids, in order, into micro-batches of at most ``micro_batch_size`` samples and at
-    most ``token_budget`` tokens (a longer single sample forms its own micro-batch)."""
-    out: list[MicroBatch] = []
-    cur: list[int] = []
-    tok = 0.0
-    for i in ids:
-        t = cost[i].get("tokens", 0.0)
-        budget_hit = sec.token_budget is not None and cur and tok + t > sec.token_budget
-        if len(cur) >= sec.micro_batch_size or budget_hit:
-            out.append(MicroBatch(tuple(cur)))
-            cur, tok = [], 0.0
-        cur.append(i)
-        tok += t
-    if cur:
-        out.append(MicroBatch(tuple(cur)))
-    return out

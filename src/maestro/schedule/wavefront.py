@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from maestro.costmodel import CostModel, UnitCostModel, micro_batch_features
+from maestro.schedule.fifo import fifo_schedule
 from maestro.schedule.graph import (
     check_sections,
     consumers_of,
@@ -36,12 +37,12 @@ from maestro.schedule.graph import (
     role,
     topo_order,
 )
+from maestro.schedule.timeline import simulate
 from maestro.schedule.types import (
     MicroBatch,
     SampleInfo,
     Schedule,
     SectionSpec,
-    fifo_schedule,
 )
 
 
@@ -72,11 +73,12 @@ def wavefront_schedule(
     """Wavefront schedule: the best of a few greedy passes, scored by the simulator.
 
     Each pass (``greedy_wavefront``) uses a different lookahead or producer order; the
-    schedule whose simulated step time (``maestro.sim.simulate`` on the same cost model) is
-    shortest wins, the first pass on ties. With ``with_fifo`` the fifo schedule is scored
-    too and kept (under the name ``"wavefront"``) if it is strictly faster, so the result is
-    never predicted slower than fifo; how close that is to "never slower" in a real run
-    depends only on the cost model's error.
+    schedule whose simulated step time (``maestro.schedule.timeline.simulate``, the
+    simulator's engine, on the same cost model) is shortest wins, the first pass on ties.
+    With ``with_fifo`` the fifo schedule is scored too and kept (under the name
+    ``"wavefront"``) if it is strictly faster, so the result is never predicted slower than
+    fifo; how close that is to "never slower" in a real run depends only on the cost model's
+    error.
 
     Args:
         samples: the global batch.
@@ -88,8 +90,6 @@ def wavefront_schedule(
     Returns:
         A ``Schedule`` whose replicas each hold an ordered list of micro-batches.
     """
-    from maestro.sim.engine import simulate  # the simulator imports the schedule package
-
     check_sections(sections)
     if not passes:
         raise ValueError("passes must not be empty")

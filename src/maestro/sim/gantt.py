@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from maestro.sim.engine import SimResult
+from maestro.schedule.timeline import SimResult
 
 
 def gantt(result: SimResult, path: str | Path, max_rows_per_section: int = 8, title: str = ""):

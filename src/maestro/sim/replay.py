@@ -36,8 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from maestro.costmodel import CostModel
+from maestro.schedule.timeline import SimResult, StepModel
 from maestro.schedule.types import SampleInfo, Schedule, SectionSpec
-from maestro.sim.engine import SimResult, StepModel
 
 
 @dataclass

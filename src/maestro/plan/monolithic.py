@@ -1,0 +1,138 @@
+"""The one-size-fits-all baseline plan: one (tp, mbs, recompute) for the whole model, given
+the same search effort as the per-section plan."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import replace
+
+from maestro.costmodel import CostModel
+from maestro.plan.options import Plan, SearchOptions, SectionPlan
+from maestro.plan.problem import (
+    _better,
+    _data_order_work,
+    _gb,
+    _Problem,
+    _shard_bytes,
+    _simulate,
+    _worst_features,
+)
+from maestro.schedule.types import SampleInfo, SectionSpec
+
+
+def plan_monolithic(
+    samples: Sequence[SampleInfo],
+    sections: Sequence[SectionSpec],
+    cost_model: CostModel,
+    gpus: int,
+    options: SearchOptions | None = None,
+) -> Plan:
+    """The best one-size-fits-all layout: every replica holds the whole model.
+
+    One (tp, mbs, recompute) for all sections; ``dp = gpus // tp`` replicas, and also as
+    ``plan_maestro`` allocates (the fewest that fit, then more while the estimate improves)
+    when that is fewer; the memory check
+    sums every section's weights, optimizer state (ZeRO-1-sharded over the ``dp`` replicas
+    when ``options.zero1``) and one micro-batch's activations. Candidates are ranked by the
+    analytical estimate (whole-model work / dp plus every trainable section's all-reduce)
+    and the best ``simulate_top`` are replayed with the colocated schedule, as in
+    ``plan_maestro``.
+    """
+    opts = options or SearchOptions()
+    p = _Problem(samples, sections, cost_model, gpus, opts)
+    cands = []
+    measured = getattr(cost_model, "max_samples", {})
+    cap = min([len(p.samples)] + [max(1, int(measured[n])) for n in p.order if measured.get(n)])
+    mbs_all = sorted({m for m in opts.mbs_choices if m <= cap}) or [1]
+    budgets = [s.token_budget for s in p.sections.values() if s.token_budget is not None]
+    budget = min(budgets) if budgets else None
+    any_trainable = any(not s.frozen for s in p.sections.values())
+    for tp, mbs, rc in itertools.product(p.tps, mbs_all, p.recomputes):
+        if rc and not any_trainable:
+            continue
+        if gpus // tp < 1:
+            continue
+        tps = {n: tp for n in p.order}
+        rcs = {n: rc and not p.sections[n].frozen for n in p.order}
+        cm = p.model(tps, rcs)
+        mem_full, shard, work, longest = 0.0, 0.0, 0.0, 0.0
+        for n in p.order:
+            sec = replace(p.sections[n], micro_batch_size=mbs, token_budget=budget)
+            trainable = not sec.frozen
+            if hasattr(cm, "memory_bytes") and p.costs[n]:
+                mem_full += cm.memory_bytes(n, _worst_features(p.costs[n], sec, mbs), trainable)
+                shard += _shard_bytes(p, n, tp)
+            w, lg, _, _ = _data_order_work(cm, sec, p.costs[n], trainable)
+            work += w
+            longest += lg
+
+        # replicas: every GPU of the budget, and as plan_maestro allocates (the fewest that
+        # fit, ZeRO-1 shrinking the optimizer state with more, then more while the estimate
+        # shortens; it stops early when the longest micro-batch bounds the estimate)
+        top = gpus // tp
+        dp = 1
+        while (
+            dp < top
+            and p.memory_limit is not None
+            and mem_full - shard * (1 - 1 / dp) > (p.memory_limit)
+        ):
+            dp += 1
+        if p.memory_limit is not None and mem_full - shard * (1 - 1 / dp) > p.memory_limit:
+            continue
+        est = _mono_estimate(p, cm, tp, work, longest, dp)
+        while dp < top and (nxt := _mono_estimate(p, cm, tp, work, longest, dp + 1)) < est:
+            dp, est = dp + 1, nxt
+        for d in sorted({dp, top}):
+            mem = mem_full - shard * (1 - 1 / d)
+            cands.append((_mono_estimate(p, cm, tp, work, longest, d), tp, mbs, rc, d, mem, cm))
+    if not cands:
+        raise ValueError(
+            f"no monolithic layout fits {_gb(p.memory_limit)} per device within {gpus} GPUs"
+        )
+    if opts.objective == "gpu_hours":
+        cands.sort(key=lambda c: c[0] * c[4] * c[1])  # estimated GPU-seconds per step
+    else:
+        cands.sort(key=lambda c: c[0])
+    # as many simulations as plan_maestro's three families may use, plus the best-ranked
+    # layout of every tp not among them (so no tp goes unsimulated)
+    picked = cands[: 3 * opts.simulate_top]
+    tps_in = {c[1] for c in picked}
+    for c in cands:
+        if c[1] not in tps_in:
+            tps_in.add(c[1])
+            picked.append(c)
+    best = None
+    for est, tp, mbs, rc, dp, mem, cm in picked:
+        specs = [
+            replace(p.sections[n], dp=dp, micro_batch_size=mbs, token_budget=budget)
+            for n in p.order
+        ]
+        step, bound, first = _simulate(p, specs, cm, monolithic=True, mbs=mbs)
+        if best is None or _better(dp * tp, step, best, opts.objective):
+            best = Plan(
+                sections={
+                    n: SectionPlan(dp, tp, mbs, rc and not p.sections[n].frozen, mem)
+                    for n in p.order
+                },
+                monolithic=True,
+                gpus=dp * tp,
+                num_samples=len(p.samples),
+                step_time=step,
+                estimate=est,
+                busy_bound=bound,
+                first_step=first,
+            )
+    best.candidates = len(cands)
+    best.simulated = len(picked)
+    return best
+
+
+def _mono_estimate(p: _Problem, cm, tp: int, work: float, longest: float, dp: int) -> float:
+    same = dp * tp <= p.gpus_per_node
+    return max(work / dp, longest) + sum(
+        cm.allreduce_time(n, dp, same) for n in p.order if not p.sections[n].frozen
+    )
+
+
+__all__ = ["plan_monolithic"]

@@ -1,0 +1,183 @@
+"""What the planner searches and returns: its options, ablations and plans (data only)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from maestro.schedule.types import SampleInfo
+
+#: Micro-batch sizes the search tries (capped by each section's sample count).
+MBS_CHOICES = (1, 2, 4, 8, 16, 32, 64)
+#: Tensor-parallel degrees the search tries (capped by GPUs per node).
+TP_CHOICES = (1, 2, 4, 8)
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """Switch off one of Maestro's per-section freedoms (all off = the full planner).
+
+    Args:
+        same_mbs: every section uses one micro-batch size (no large forward-only batches).
+        same_tp: every section uses one tensor-parallel degree (a small section pays its
+            large neighbour's TP).
+        no_skip: every sample activates every section (encoders run on text-only samples,
+            as a dummy input would).
+        fifo: score with data-order (fifo) scheduling instead of the balancing wavefront.
+        disaggregated: every section on its own devices (no colocated groups, and not the
+            monolithic layout either).
+    """
+
+    same_mbs: bool = False
+    same_tp: bool = False
+    no_skip: bool = False
+    fifo: bool = False
+    disaggregated: bool = False
+
+
+@dataclass
+class SearchOptions:
+    """How hard and where to search.
+
+    Args:
+        mbs_choices: micro-batch sizes to try.
+        tp_choices: tensor-parallel degrees to try (only 1 without an analytical model).
+        recompute_choices: activation recompute options for trainable sections.
+        memory_fraction: share of the GPU's memory a plan may use (the rest: allocator,
+            fragmentation, communication buffers).
+        memory_limit: bytes per device; default ``memory_fraction`` of the cost model's GPU
+            memory, or no limit when the model has none (measured on this machine).
+        keep_per_section: options per section kept after the analytical ranking.
+        simulate_top: combinations (or monolithic layouts) replayed in the simulator.
+        ablation: freedoms switched off (see ``Ablation``).
+        balance_monolithic: give the monolithic baseline a length-balanced sampler (equal
+            estimated work per rank) instead of data-order shards, so it is not weakened by
+            imbalance a real trainer would avoid.
+        colocate: also search layouts where groups of sections share devices
+            (``maestro.plan.colocate``: all sections colocated with per-section micro-batches,
+            or e.g. the encoders with the LLM). ``maestro.runtime`` runs only disjoint
+            sections or the whole model on every rank, so plans for run configs turn it off.
+        include_monolithic: the monolithic layouts (``plan_monolithic``'s search) are
+            Maestro candidates too, so Maestro's plan is never slower than the baseline's.
+        objective: ``"gpu_hours"``: the fewest GPU-hours per sample (GPUs x step time; a
+            plan may leave GPUs of the budget unused); ``"step_time"``: the fastest step on
+            at most the budget (e.g. a fixed number of processes on this machine).
+        zero1: shard trainable sections' optimizer state (fp32 master weights, Adam moments)
+            over their DP group (ZeRO-1 / Megatron's distributed optimizer), in both the
+            Maestro and the monolithic search.
+        steps: consecutive steps replayed to score a layout (``maestro.plan.steady``); the
+            plan's step time is the steady-state period, which lets a frozen section run one
+            step ahead exactly as the runtime does.
+        batches: further global batches of the same workload (a sample of its data). With
+            them, a layout (its own or the monolithic one, not a colocated group) is scored
+            by replaying the planned batch then each of these, one step each, and its step
+            time is the mean step after the first: one batch's mix of lengths and
+            modalities can favour a layout that loses on the others. Each batch must hold
+            as many samples as the planned one (``ValueError`` otherwise).
+    """
+
+    mbs_choices: Sequence[int] = MBS_CHOICES
+    tp_choices: Sequence[int] = TP_CHOICES
+    recompute_choices: Sequence[bool] = (False, True)
+    memory_fraction: float = 0.9
+    memory_limit: float | None = None
+    keep_per_section: int = 3
+    simulate_top: int = 3
+    ablation: Ablation = field(default_factory=Ablation)
+    balance_monolithic: bool = True
+    colocate: bool = True
+    include_monolithic: bool = True
+    steps: int = 4
+    batches: Sequence[Sequence[SampleInfo]] = ()
+    zero1: bool = True
+    objective: str = "gpu_hours"
+
+
+@dataclass(frozen=True)
+class SectionPlan:
+    """One section's resources: ``dp`` replicas of ``tp`` GPUs, ``dp * tp`` GPUs in all.
+
+    Args:
+        dp: data-parallel replicas.
+        tp: GPUs per replica (tensor parallel).
+        micro_batch_size: samples per micro-batch.
+        recompute: activation checkpointing in backward.
+        memory: predicted peak bytes per GPU (of the whole group, when colocated).
+        group: the colocated group it shares devices with (``"a+b"``), or ``""`` when the
+            section has devices of its own.
+    """
+
+    dp: int
+    tp: int
+    micro_batch_size: int
+    recompute: bool = False
+    memory: float = 0.0
+    group: str = ""
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp
+
+
+@dataclass
+class Plan:
+    """A planned layout and its prediction.
+
+    Args:
+        sections: section name -> ``SectionPlan`` (monolithic: every section shares one
+            layout and the same GPUs).
+        monolithic: the whole model on every replica.
+        gpus: GPUs the plan occupies.
+        num_samples: samples per step (the global batch).
+        step_time: simulated seconds per step.
+        estimate: the analytical estimate that ranked it.
+        candidates: layouts that passed the memory check; simulated: how many were replayed.
+        busy_bound: the busiest GPU's compute plus its all-reduce per step: the step time if
+            all pipeline fill and drain overlapped with the neighbouring steps (a lower bound).
+        first_step: the first step from an idle start (``maestro.sim.simulate``'s figure);
+            ``step_time`` is the steady-state period of consecutive steps.
+    """
+
+    sections: dict[str, SectionPlan]
+    monolithic: bool
+    gpus: int
+    num_samples: int
+    step_time: float
+    estimate: float
+    candidates: int = 0
+    simulated: int = 0
+    busy_bound: float = 0.0
+    first_step: float = 0.0
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.num_samples / self.step_time
+
+    @property
+    def gpu_hours_per_million(self) -> float:
+        """GPU-hours to train on one million samples at this plan's throughput."""
+        return self.gpus * 1e6 / self.samples_per_s / 3600.0
+
+    @property
+    def gpu_hours_per_million_bound(self) -> float:
+        """The same at ``busy_bound`` (fill and drain hidden by the neighbouring steps)."""
+        return self.gpus * 1e6 * self.busy_bound / self.num_samples / 3600.0
+
+    def describe(self) -> str:
+        """``name dp=.. tp=.. mbs=..`` for every section, on one line."""
+        parts, done = [], set()
+        for n, s in self.sections.items():
+            rc = " rc" if s.recompute else ""
+            if not s.group:
+                parts.append(f"{n} dp={s.dp} tp={s.tp} mbs={s.micro_batch_size}{rc}")
+            elif s.group not in done:
+                done.add(s.group)
+                mem = [(m, p) for m, p in self.sections.items() if p.group == s.group]
+                inner = " ".join(
+                    f"{m}:{p.micro_batch_size}{'rc' if p.recompute else ''}" for m, p in mem
+                )
+                parts.append(f"[{s.group}] dp={s.dp} tp={s.tp} mbs {inner}")
+        return ("monolithic: " if self.monolithic else "") + ", ".join(parts)
+
+
+__all__ = ["MBS_CHOICES", "TP_CHOICES", "Ablation", "Plan", "SearchOptions", "SectionPlan"]

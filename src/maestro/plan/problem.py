@@ -1,0 +1,482 @@
+"""The planner's working state: per-section options checked against memory, their analytical
+work, GPU allocation to the bottleneck, and the simulation of the best candidates. Shared by
+``plan.search`` (per-section plans) and ``plan.monolithic`` (the one-size-fits-all baseline).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from maestro.costmodel import AnalyticalCostModel, CostModel, micro_batch_features
+from maestro.plan.colocate import group_name, merged_samples
+from maestro.plan.options import Plan, SearchOptions
+from maestro.plan.tpmodel import with_layout
+from maestro.schedule.graph import check_sections, grad_consumers, role, topo_order
+from maestro.schedule.types import SampleInfo, SectionSpec
+
+
+@dataclass
+class _Option:
+    tp: int
+    mbs: int
+    recompute: bool
+    work: float  # seconds of the section's whole step on one replica (fwd, + bwd if trainable)
+    longest: float  # seconds of its slowest micro-batch
+    fwd_mb: float  # mean forward seconds per micro-batch (pipeline fill of its consumers)
+    bwd_mb: float  # mean backward seconds per micro-batch (drain of a trainable producer)
+    min_dp: int
+    memory: float
+    mem_one: float = 0.0  # memory with one micro-batch in flight (no batch held)
+
+
+def _worst_features(costs: list, sec: SectionSpec, mbs: int) -> dict[str, float]:
+    """Features of the heaviest micro-batch a scheduler may form: the ``mbs`` longest samples
+    that fit the token budget (at least one)."""
+    by_len = sorted(costs, key=lambda c: c.get("tokens", 0.0), reverse=True)
+    pick, tok = [], 0.0
+    for c in by_len:
+        t = c.get("tokens", 0.0)
+        if pick and (len(pick) >= mbs or (sec.token_budget and tok + t > sec.token_budget)):
+            continue
+        pick.append(c)
+        tok += t
+        if len(pick) >= mbs:
+            break
+    return micro_batch_features(pick)
+
+
+def _data_order_work(cm: CostModel, sec: SectionSpec, costs: list, trainable: bool):
+    """``(total, longest, mean forward, mean backward)`` micro-batch seconds with ``costs``
+    cut in data order."""
+    total, longest, fwd, bwd = 0.0, 0.0, 0.0, 0.0
+    cur, tok = [], 0.0
+    mbs = []
+    for c in costs:
+        t = c.get("tokens", 0.0)
+        if cur and (
+            len(cur) >= sec.micro_batch_size
+            or (sec.token_budget is not None and tok + t > sec.token_budget)
+        ):
+            mbs.append(cur)
+            cur, tok = [], 0.0
+        cur.append(c)
+        tok += t
+    if cur:
+        mbs.append(cur)
+    for mb in mbs:
+        f = micro_batch_features(mb)
+        f_s = cm.forward_time(sec.name, f)
+        b_s = cm.backward_time(sec.name, f) if trainable else 0.0
+        total += f_s + b_s
+        fwd += f_s
+        bwd += b_s
+        longest = max(longest, f_s + b_s)
+    k = max(len(mbs), 1)
+    return total, longest, fwd / k, bwd / k
+
+
+def _check_batches(batches, size: int, names: set[str]) -> list[list[SampleInfo]]:
+    """``SearchOptions.batches`` as lists, or ``ValueError`` naming the first bad batch: each
+    must be a non-empty sequence of ``SampleInfo`` of the planned batch's size (the step time
+    is read as the time of ``size`` samples), with unique sample ids and known sections."""
+    if isinstance(batches, (str, bytes, SampleInfo)) or not isinstance(batches, Sequence):
+        raise ValueError(
+            f"batches must be a sequence of batches (sequences of SampleInfo), "
+            f"got {type(batches).__name__}"
+        )
+    out = []
+    for k, b in enumerate(batches):
+        if isinstance(b, SampleInfo):
+            raise ValueError(
+                "batches must be a sequence of batches, not of samples: wrap one batch as [batch]"
+            )
+        if isinstance(b, (str, bytes)) or not isinstance(b, Sequence):
+            raise ValueError(
+                f"batches[{k}] must be a sequence of SampleInfo, got {type(b).__name__}"
+            )
+        if not b:
+            raise ValueError(f"batches[{k}] is empty")
+        bad = next((s for s in b if not isinstance(s, SampleInfo)), None)
+        if bad is not None:
+            raise ValueError(f"batches[{k}] holds a {type(bad).__name__}, not a SampleInfo")
+        if len(b) != size:
+            raise ValueError(
+                f"batches[{k}] has {len(b)} samples, the planned batch {size}: "
+                "batches must be global batches of the same size"
+            )
+        if len({s.sample_id for s in b}) != len(b):
+            raise ValueError(f"batches[{k}] repeats a sample_id")
+        unknown = set().union(*(s.sections for s in b)) - names
+        if unknown:
+            raise ValueError(f"batches[{k}] activates unknown sections: {sorted(unknown)}")
+        out.append(list(b))
+    return out
+
+
+class _Problem:
+    """The workload, prepared once for many candidate layouts."""
+
+    def __init__(self, samples, sections, cost_model, gpus, opts: SearchOptions):
+        check_sections(sections)
+        if gpus < 1:
+            raise ValueError(f"gpus must be >= 1, got {gpus}")
+        if not samples:
+            raise ValueError("the global batch has no samples")
+        if opts.objective not in ("gpu_hours", "step_time"):
+            raise ValueError(
+                f"objective must be 'gpu_hours' or 'step_time', got {opts.objective!r}"
+            )
+        if opts.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {opts.steps}")
+        batches = _check_batches(opts.batches, len(samples), {s.name for s in sections})
+        self.opts = opts
+        if opts.ablation.no_skip:
+            every = frozenset(s.name for s in sections)
+            samples = [replace(s, sections=every) for s in samples]
+            batches = [[replace(s, sections=every) for s in b] for b in batches]
+        self.samples = list(samples)
+        #: further batches the layouts are scored on (``SearchOptions.batches``)
+        self.batches = batches
+        self.sections = {s.name: s for s in sections}
+        self.order = topo_order(sections)
+        self.cm = cost_model
+        self.gpus = gpus
+        self.analytical = isinstance(cost_model, AnalyticalCostModel)
+        gpn = getattr(getattr(cost_model, "gpu", None), "gpus_per_node", 8)
+        self.gpus_per_node = gpn
+        self.tps = sorted({t for t in opts.tp_choices if t <= gpn} if self.analytical else {1})
+        if not self.tps:
+            raise ValueError(f"no tp choice fits a node of {gpn} GPUs: {opts.tp_choices}")
+        self.recomputes = sorted(set(opts.recompute_choices)) if self.analytical else [False]
+        if opts.memory_limit is not None:
+            self.memory_limit = opts.memory_limit
+        elif self.analytical:
+            self.memory_limit = opts.memory_fraction * cost_model.gpu.memory
+        else:
+            self.memory_limit = None
+        gcons = grad_consumers(sections)
+        self.roles = {n: role(self.sections[n], gcons) for n in self.order}
+        self.costs = {n: [s.cost for s in self.samples if n in s.sections] for n in self.order}
+
+    def model(self, tp: dict[str, int], rc: dict[str, bool]) -> CostModel:
+        return with_layout(self.cm, tp, rc)
+
+    def mbs_choices(self, n: str) -> list[int]:
+        cap = max(1, len(self.costs[n]))
+        # a measured model's fit is not extrapolated beyond its largest measured micro-batch
+        measured = getattr(self.cm, "max_samples", {}).get(n)
+        if measured:
+            cap = min(cap, max(1, int(measured)))
+        out = sorted({m for m in self.opts.mbs_choices if m <= cap})
+        return out or [min(self.opts.mbs_choices)]
+
+
+def _section_options(p: _Problem, n: str, standalone: bool = True) -> list[_Option]:
+    """Memory-feasible options of section ``n`` with their data-order work.
+
+    ``standalone=False``: as a member of a colocated group, which accounts for held
+    activations itself (no producer ``min_dp`` here).
+    """
+    sec = p.sections[n]
+    trainable = not sec.frozen
+    costs = p.costs[n]
+    out = []
+    for tp, mbs, rc in itertools.product(p.tps, p.mbs_choices(n), p.recomputes):
+        if rc and not trainable:
+            continue
+        cm = p.model({n: tp}, {n: rc})
+        spec = replace(sec, micro_batch_size=mbs)
+        min_dp, mem, mem_one = 1, 0.0, 0.0
+        if hasattr(cm, "memory_bytes") and costs:
+            worst = _worst_features(costs, sec, mbs)
+            mem_one = cm.memory_bytes(n, worst, trainable)
+            held = 0.0
+            if standalone and p.roles[n] == "producer":
+                # all forwards before backwards: a replica holds its share of the batch
+                total = micro_batch_features(costs)
+                fixed = cm.memory_bytes(n, {"samples": 1.0}, trainable)
+                held = cm.memory_bytes(n, total, trainable) - fixed
+            got = _fit(p, mem_one, _shard_bytes(p, n, tp), held, tp)
+            if got is None:
+                continue
+            min_dp, mem = got
+        if min_dp * tp > p.gpus:
+            continue
+        work, longest, fwd_mb, bwd_mb = _data_order_work(cm, spec, costs, trainable)
+        out.append(_Option(tp, mbs, rc, work, longest, fwd_mb, bwd_mb, min_dp, mem, mem_one))
+    # micro-batch sizes beyond the token budget change nothing: keep the smallest of equals
+    seen, kept = set(), []
+    for o in out:
+        key = (o.tp, o.recompute, round(o.work, 9), o.min_dp)
+        if key not in seen:
+            seen.add(key)
+            kept.append(o)
+    return kept
+
+
+def _shard_bytes(p: _Problem, n: str, tp: int) -> float:
+    """Bytes per GPU of section ``n``'s optimizer state that ZeRO-1 shards over its DP group:
+    fp32 master weights and Adam moments, 12 of the 18 bytes per parameter (Megatron-LM's
+    distributed optimizer: ``6 + 12 / dp`` bytes per parameter instead of 18)."""
+    if not p.opts.zero1 or p.sections[n].frozen or not p.analytical:
+        return 0.0
+    return 12.0 * p.cm.shapes[n].params / tp
+
+
+def _fit(p: _Problem, mem_one: float, shard: float, held: float, tp: int):
+    """``(min_dp, bytes per GPU at min_dp)`` for a replica whose ``mem_one`` (one micro-batch
+    in flight, full optimizer state) loses ``shard * (1 - 1/dp)`` to ZeRO-1 and gains
+    ``held / dp`` of held activations; None if no ``dp`` within the budget fits."""
+    fixed = mem_one - shard
+    divisible = shard + held
+    if p.memory_limit is None:
+        return 1, fixed + divisible
+    room = p.memory_limit - fixed
+    if room <= 0:
+        return None
+    min_dp = max(1, -int(-divisible // room))
+    if min_dp * tp > p.gpus:
+        return None
+    return min_dp, fixed + divisible / min_dp
+
+
+@dataclass
+class _GroupOption:
+    """A colocated group's option: one tp, each member's own (mbs, recompute) option."""
+
+    tp: int
+    members: dict[str, _Option]
+    work: float
+    longest: float
+    fwd_mb: float
+    bwd_mb: float
+    min_dp: int
+    memory: float
+
+
+@dataclass
+class _Unit:
+    """A schedulable unit of a layout: one section, or a colocated group (``members``)."""
+
+    name: str
+    members: tuple[str, ...]
+    inputs: tuple[str, ...]  # unit names
+    frozen: bool
+    role: str
+
+
+def _units(p: _Problem, groups: list[tuple[str, ...]]) -> dict[str, _Unit]:
+    from maestro.plan.colocate import merged_specs
+
+    specs = merged_specs(
+        [p.sections[n] for n in p.order], groups, {g: 1 for g in groups}, {n: 1 for n in p.order}
+    )
+    gcons = grad_consumers(specs)
+    members = {group_name(g): g for g in groups}
+    return {
+        s.name: _Unit(s.name, members[s.name], s.inputs, s.frozen, role(s, gcons)) for s in specs
+    }
+
+
+def _group_options(p: _Problem, u: _Unit, member_opts: dict[str, list[_Option]]):
+    """Options of a colocated group: per tp, the best few member options combined.
+
+    Memory per GPU: every member's weights, optimizer state and one micro-batch of
+    activations (members run one after another); a trainable member whose consumer in the
+    group is trainable keeps the activations of the whole group micro-batch until that
+    consumer's backward; if the group feeds a trainable section outside it, it holds its
+    whole share of the batch (``min_dp``, as a standalone producer).
+    """
+    out = []
+    inner_consumed = {
+        n
+        for c in u.members
+        if not p.sections[c].frozen
+        for n in p.sections[c].inputs
+        if n in u.members
+    }
+    for tp in p.tps:
+        choices = []
+        for n in u.members:
+            os_ = [o for o in member_opts[n] if o.tp == tp]
+            choices.append(sorted(os_, key=lambda o: o.work)[: p.opts.keep_per_section])
+        if not all(choices):
+            continue
+        for combo in itertools.product(*choices):
+            opts = dict(zip(u.members, combo))
+            group_mbs = max(o.mbs for o in combo)
+            mem = sum(o.mem_one for o in combo)
+            cm = p.model({n: tp for n in u.members}, {n: o.recompute for n, o in opts.items()})
+            if hasattr(cm, "memory_bytes"):
+                for n in inner_consumed:
+                    if p.sections[n].frozen or not p.costs[n]:
+                        continue
+                    spec = p.sections[n]
+                    whole = cm.memory_bytes(n, _worst_features(p.costs[n], spec, group_mbs), True)
+                    mem += max(0.0, whole - opts[n].mem_one)
+            held = 0.0
+            if u.role == "producer" and hasattr(cm, "memory_bytes"):
+                for n in u.members:
+                    if p.sections[n].frozen or not p.costs[n]:
+                        continue
+                    total = micro_batch_features(p.costs[n])
+                    fixed = cm.memory_bytes(n, {"samples": 1.0}, True)
+                    held += cm.memory_bytes(n, total, True) - fixed
+            got = _fit(p, mem, sum(_shard_bytes(p, n, tp) for n in u.members), held, tp)
+            if got is None:
+                continue
+            min_dp, mem = got
+            out.append(
+                _GroupOption(
+                    tp,
+                    opts,
+                    sum(o.work for o in combo),
+                    sum(o.longest for o in combo),
+                    sum(o.fwd_mb for o in combo),
+                    sum(o.bwd_mb for o in combo),
+                    min_dp,
+                    mem,
+                )
+            )
+    return out
+
+
+def _members(u: _Unit, o) -> dict[str, _Option]:
+    return o.members if isinstance(o, _GroupOption) else {u.members[0]: o}
+
+
+def _estimate(p: _Problem, u: _Unit, o, dp: int) -> float:
+    mem = _members(u, o)
+    cm = p.model({n: o.tp for n in mem}, {n: m.recompute for n, m in mem.items()})
+    t = max(o.work / dp, o.longest) if any(p.costs[n] for n in mem) else 0.0
+    same = dp * o.tp <= p.gpus_per_node
+    t += sum(cm.allreduce_time(n, dp, same) for n in mem if not p.sections[n].frozen)
+    return t
+
+
+def _allocate(p: _Problem, units: dict[str, _Unit], combo: dict) -> tuple[dict, float] | None:
+    """Deal GPUs to the bottleneck unit; ``(dp per unit, estimated step)`` or None."""
+    dp = {n: o.min_dp for n, o in combo.items()}
+    left = p.gpus - sum(dp[n] * o.tp for n, o in combo.items())
+    if left < 0:
+        return None
+    heap = [(-_estimate(p, units[n], o, dp[n]), n) for n, o in combo.items()]
+    heapq.heapify(heap)
+    while heap:
+        neg, n = heap[0]
+        o = combo[n]
+        if o.tp > left:
+            break  # the bottleneck cannot grow; others growing would not shorten the step
+        new = _estimate(p, units[n], o, dp[n] + 1)
+        if new >= -neg:
+            break
+        dp[n] += 1
+        left -= o.tp
+        heapq.heapreplace(heap, (-new, n))
+    return dp, max(-t for t, _ in heap) + _fill_drain(units, combo)
+
+
+def _fill_drain(units: dict[str, _Unit], combo: dict) -> float:
+    """Pipeline latency the per-unit balance misses: a consumer cannot start before one
+    micro-batch of each trainable producer chain has run forward (a frozen producer runs a
+    step ahead, so its first outputs are waiting in steady state), and a trainable
+    producer's last backward runs after its consumers' last gradients arrive."""
+    ready: dict[str, float] = {}
+    for n, u in units.items():  # topological order
+        ready[n] = max(
+            (ready[i] + (0.0 if units[i].frozen else combo[i].fwd_mb) for i in u.inputs),
+            default=0.0,
+        )
+    fill = max(ready.values(), default=0.0)
+    drain = max((combo[n].bwd_mb for n, u in units.items() if u.role == "producer"), default=0.0)
+    return fill + drain
+
+
+def _simulate(
+    p: _Problem, specs, cm: CostModel, monolithic: bool, mbs=None, groups=None, units=None
+):
+    """``(steady-state step, busiest GPU's work, first step)`` of a layout.
+
+    ``monolithic``: every spec on every rank, length-balanced shards (``units``: the
+    ``(name, frozen)`` the balance costs, default the real sections). ``groups``: the
+    colocated groups the specs merge (their samples are merged the same way)."""
+    from maestro.plan.steady import steady_state
+    from maestro.schedule import fifo_schedule, monolithic_schedule, wavefront_schedule
+
+    def schedule(samples):
+        if monolithic:
+            world = specs[0].dp
+            if p.opts.balance_monolithic:
+                samples = _balanced_order(p, samples, world, cm, units)
+            return samples, monolithic_schedule(
+                samples, specs, cm, world_size=world, micro_batch_size=mbs
+            )
+        if p.opts.ablation.fifo:
+            return samples, fifo_schedule(samples, specs, cm)
+        return samples, wavefront_schedule(samples, specs, cm)
+
+    batches = [p.samples, *p.batches]
+    if groups is not None:
+        batches = [merged_samples(b, groups) for b in batches]
+    if len(batches) == 1:
+        samples, sched = schedule(batches[0])
+        res = steady_state(sched, samples, specs, cm, steps=p.opts.steps)
+        return res.period, res.busy, res.first_step
+    from maestro.sim.replay import replay_steps
+
+    seq = [schedule(b)[::-1] for b in batches]
+    rep = replay_steps(seq, specs, cm)
+    ends = rep.step_ends
+    return (ends[-1] - ends[0]) / (len(ends) - 1), rep.busy, ends[0]
+
+
+def _balanced_order(
+    p: _Problem, samples, world: int, cm: CostModel, units=None
+) -> list[SampleInfo]:
+    """Samples reordered so each of ``world`` contiguous equal-count shards carries about the
+    same estimated work (longest first to the least-loaded rank with room): a length-balanced
+    sampler, so the baseline's ranks do not wait on the one holding the longest sequences."""
+    if units is None:
+        units = [(n, p.sections[n].frozen) for n in p.order]
+    n = len(samples)
+    room = [((r + 1) * n) // world - (r * n) // world for r in range(world)]
+
+    def cost(s: SampleInfo) -> float:
+        f = micro_batch_features([s.cost])
+        t = 0.0
+        for name, frozen in units:
+            if name in s.sections:
+                t += cm.forward_time(name, f)
+                if not frozen:
+                    t += cm.backward_time(name, f)
+        return t
+
+    heap = [(0.0, r) for r in range(world) if room[r] > 0]
+    heapq.heapify(heap)
+    bins: list[list[SampleInfo]] = [[] for _ in range(world)]
+    for c, s in sorted(((cost(s), s) for s in samples), key=lambda x: -x[0]):
+        load, r = heapq.heappop(heap)
+        bins[r].append(s)
+        if len(bins[r]) < room[r]:
+            heapq.heappush(heap, (load + c, r))
+    return [s for b in bins for s in b]
+
+
+def _better(gpus: int, step: float, best: Plan, objective: str) -> bool:
+    """Better than ``best`` by ``objective``: fewer GPU-seconds per step (GPU-hours per
+    sample) or a faster step; on a tie (within 1e-9), the faster step, then fewer GPUs."""
+    if objective == "step_time":
+        if abs(step - best.step_time) > 1e-9 * best.step_time:
+            return step < best.step_time
+        return gpus < best.gpus
+    cost, ref = gpus * step, best.gpus * best.step_time
+    if abs(cost - ref) > 1e-9 * ref:
+        return cost < ref
+    return step < best.step_time
+
+
+def _gb(x: float | None) -> str:
+    return "no limit" if x is None else f"{x / 1e9:.1f} GB"
