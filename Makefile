@@ -15,11 +15,11 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel -c constraints.txt
 	$(PIPC) torch==2.13.0
-	$(PIPC) -e '.[serve,dev]'
+	$(PIPC) -e '.[serve,dev,hf]'
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 demo: $(STAMP)
 	$(PY) -m quiver.demo

@@ -134,6 +134,10 @@ class Job:
             (default: ``default_sample_cost``).
         shuffle: reshuffle ``dataset`` every epoch (seeded by the run's seed); ``False`` reads
             it in order.
+        order: ``order(epoch) -> list of dataset positions`` (a permutation): the read order
+            of each epoch, e.g. length-grouped (``maestro.data.length_grouped_order``) with a
+            fresh grouping per epoch; overrides ``shuffle``. Must be deterministic (the same
+            on every rank: the ranks check it).
     """
 
     def __init__(
@@ -146,6 +150,7 @@ class Job:
         normaliser: Callable[[Sequence[Sample]], float] | None = None,
         sample_cost: Callable[[Sample], dict[str, float]] | None = None,
         shuffle: bool = True,
+        order: Callable[[int], Sequence[int]] | None = None,
     ) -> None:
         sections = list(sections)
         if not sections:
@@ -170,6 +175,7 @@ class Job:
         self._normaliser = normaliser or default_normaliser
         self._sample_cost = sample_cost or default_sample_cost
         self.shuffle = shuffle
+        self._order = order
         self.config = None
         self._orders: dict[int, list[int]] = {}
 
@@ -263,7 +269,15 @@ class Job:
     def _epoch_order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:
             n = len(self.dataset)
-            if self.shuffle:
+            if self._order is not None:
+                got = [int(i) for i in self._order(epoch)]
+                if sorted(got) != list(range(n)):
+                    raise ValueError(
+                        f"Job(order=...): epoch {epoch}'s order is not a permutation of the "
+                        f"{n} dataset positions"
+                    )
+                self._orders = {epoch: got}
+            elif self.shuffle:
                 g = torch.Generator().manual_seed(seed_for("data order", self.config.seed, epoch))
                 self._orders = {epoch: torch.randperm(n, generator=g).tolist()}
             else:

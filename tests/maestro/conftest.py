@@ -1,6 +1,12 @@
-"""Fixtures shared by the Maestro planner tests."""
+"""Fixtures shared by the Maestro tests; Hugging Face stays offline (nothing is downloaded:
+models are built from configs with random weights, spawned ranks inherit the setting)."""
+
+import os
 
 import pytest
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 from maestro.plan import ScenarioSpec
 from maestro.plan.workload import scenario_workload

@@ -242,7 +242,7 @@ def test_bad_extra_batches_are_a_value_error(batches, match):
 
 def test_extra_batches_score_colocated_groups_too():
     # one GPU for two sections: only the colocated group fits, so this is its score
-    opts = SearchOptions(include_monolithic=False, tp_choices=(1,))
+    opts = SearchOptions(include_monolithic=False, tp_choices=(1,), colocate=True)
     one = plan_maestro(_kd_batch(0), KD_SECS, KD_CM, 1, opts)
     assert len({s.group for s in one.sections.values()}) == 1 and one.sections["t"].group
     # scored over other batches, the group's step time moves with them ...

@@ -49,6 +49,12 @@ def register(sub) -> None:
         help="layouts replayed in the simulator per plan (default 3)",
     )
     p.add_argument(
+        "--colocate",
+        action="store_true",
+        help="also search layouts where sections share devices (what colocation would be "
+        "worth; maestro train cannot run such plans yet, so --out refuses them)",
+    )
+    p.add_argument(
         "--breakdown",
         action="store_true",
         help="re-plan with each per-section freedom off; print what each is worth",
@@ -81,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     # monolithic candidates are scored that way too)
     opts = SearchOptions(
         simulate_top=args.simulate_top,
-        colocate=not run,
+        colocate=args.colocate,
         objective="step_time" if run else "gpu_hours",
         balance_monolithic=not run,
     )

@@ -55,8 +55,9 @@ class SearchOptions:
             imbalance a real trainer would avoid.
         colocate: also search layouts where groups of sections share devices
             (``maestro.plan.colocate``: all sections colocated with per-section micro-batches,
-            or e.g. the encoders with the LLM). ``maestro.runtime`` runs only disjoint
-            sections or the whole model on every rank, so plans for run configs turn it off.
+            or e.g. the encoders with the LLM). Off by default: ``maestro.runtime`` runs
+            only disjoint sections or the whole model on every rank, and the planner plans
+            what the runtime runs; turn it on to see what colocation would be worth.
         include_monolithic: the monolithic layouts (``plan_monolithic``'s search) are
             Maestro candidates too, so Maestro's plan is never slower than the baseline's.
         objective: ``"gpu_hours"``: the fewest GPU-hours per sample (GPUs x step time; a
@@ -85,7 +86,7 @@ class SearchOptions:
     simulate_top: int = 3
     ablation: Ablation = field(default_factory=Ablation)
     balance_monolithic: bool = True
-    colocate: bool = True
+    colocate: bool = False
     include_monolithic: bool = True
     steps: int = 4
     batches: Sequence[Sequence[SampleInfo]] = ()
