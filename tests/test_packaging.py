@@ -50,3 +50,19 @@ def test_cli_without_command_prints_help_and_fails(prog):
     out = _run(sys.executable, "-m", f"{prog}.cli")
     assert out.returncode == 2
     assert "usage" in out.stdout
+
+
+def test_readme_links_resolve_in_a_clone():
+    """Every relative link of the README and the docs points at a file of the repository."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    missing = []
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)", doc.read_text()):
+            if "://" in target:
+                continue
+            if not (doc.parent / target).exists():
+                missing.append(f"{doc.relative_to(root)} -> {target}")
+    assert not missing, missing
