@@ -161,8 +161,23 @@ def test_kd_loss_is_ce_plus_scaled_kl():
     logits = g["student"].module(s["tokens"][None])[0, :-1]
     want = torch.nn.functional.cross_entropy(logits, s["tokens"][1:], reduction="sum")
     torch.testing.assert_close(compound_loss(g, [s]), want)
-    g2 = get_workload(kd(extra="alpha = 1.0")).graph()
-    assert compound_loss(g2, [s]) > want  # KL term is positive
+    # alpha = 1, T = 2, against an independent computation: F.kl_div of the teacher's
+    # tempered distribution from the student's, times alpha * T**2 (Hinton et al.)
+    for top_k in (0, 5):
+        g2 = get_workload(kd(extra=f"alpha = 1.0\ntemperature = 2.0\ntop_k = {top_k}")).graph()
+        s_logits = g2["student"].module(s["tokens"][None])[0, :-1]  # (L-1, V)
+        t_logits = g2["teacher"].module(s["tokens"][None])[0, :-1].detach()
+        ce = torch.nn.functional.cross_entropy(s_logits, s["tokens"][1:], reduction="sum")
+        log_ps = torch.log_softmax(s_logits / 2.0, -1)
+        if top_k:
+            vals, idx = t_logits.topk(top_k, -1)
+            log_pt = torch.log_softmax(vals / 2.0, -1)
+            log_ps = log_ps.gather(-1, idx)
+        else:
+            log_pt = torch.log_softmax(t_logits / 2.0, -1)
+        kl = torch.nn.functional.kl_div(log_ps, log_pt, log_target=True, reduction="sum")
+        torch.testing.assert_close(compound_loss(g2, [s]), ce + 1.0 * 2.0**2 * kl)
+        assert kl > 0
 
 
 def test_mllm_splices_encoder_tokens_and_predicts_only_text():

@@ -92,20 +92,26 @@ def test_concurrent_gathers_with_recycled_outputs_are_exact():
     n, dim = 20000, 32
     x = torch.randn(n, dim, generator=torch.Generator().manual_seed(1))
     feat = Feature(num_threads=2).from_cpu_tensor(x)
-    errors = []
+    errors: list = []
+    done = []
 
     def worker(seed):
-        rng = np.random.default_rng(seed)
-        for _ in range(20):
-            ids = torch.from_numpy(rng.integers(0, n, int(rng.integers(8000, 12000))))
-            rows = feat[ids]
-            if not torch.equal(rows, x[ids]):
-                errors.append(seed)
+        try:
+            rng = np.random.default_rng(seed)
+            for _ in range(20):
+                ids = torch.from_numpy(rng.integers(0, n, int(rng.integers(8000, 12000))))
+                rows = feat[ids]
+                if not torch.equal(rows, x[ids]):
+                    errors.append(seed)
+            done.append(seed)
+        except BaseException as e:  # noqa: BLE001 - an exception in a thread fails the test
+            errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(s,)) for s in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not errors
+    assert not errors, errors
+    assert sorted(done) == [0, 1, 2, 3]
     assert feat._buffers.reused > 0

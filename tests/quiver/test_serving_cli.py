@@ -141,3 +141,37 @@ def test_server_device_option(trained):
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             Server.from_dataset(d, ckpt, device="cuda")
+
+
+@pytest.mark.parametrize("feature_cache", [0, 4096])
+def test_served_logits_equal_an_offline_forward(trained, feature_cache):
+    """``Server.from_dataset`` serves what the checkpoint's model computes offline on the
+    dataset's own features: all-neighbour fanouts make sampling deterministic, so the served
+    logits must equal ``model(x[n_id], adjs)`` of the same sampler's output (a server serving
+    wrong or zero features, or the wrong rows from its RAM cache, fails)."""
+    import numpy as np
+    import torch
+
+    from quiver.datasets import load_prepared
+    from quiver.models import load_checkpoint
+    from quiver.pyg import GraphSageSampler
+    from quiver.serving.server import Server
+
+    d, ckpt = trained
+    ds = load_prepared(d)
+    model, _ = load_checkpoint(ckpt)
+    model.eval()
+    nodes = [3, 17, 0, 42, 17, 99]
+    with Server.from_dataset(
+        d, ckpt, device="cpu", fanouts=[-1, -1], feature_cache=feature_cache, sampler_threads=1
+    ) as server:
+        got = server.predict(nodes, output="logits").values
+    n_id, bs, adjs = GraphSageSampler(ds.topo, [-1, -1], mode="CPU", seed=0).sample(
+        torch.tensor(sorted(set(nodes)))
+    )
+    with torch.no_grad():
+        want = model(torch.as_tensor(np.asarray(ds.features))[n_id].float(), adjs)
+    row = {n: i for i, n in enumerate(sorted(set(nodes)))}
+    want = want.numpy()[[row[n] for n in nodes]]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert np.abs(want).max() > 1e-3  # a real signal, not zeros
