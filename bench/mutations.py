@@ -61,6 +61,13 @@ MUTATIONS = [
         ["tests/quiver/test_serving_cli.py::test_served_logits_equal_an_offline_forward"],
     ),
     Mutation(
+        "all-reduce: a gradient missing on this replica stays missing",
+        "src/maestro/runtime/executor.py",
+        "if flag > 0 else None",
+        "if flag > 0 and p.grad is not None else None",
+        ["tests/maestro/test_runtime_units.py::test_flat_allreduce_keeps_missing_gradients_missing"],
+    ),
+    Mutation(
         "kd: temperature**2 factor dropped",
         "src/maestro/workloads/kd.py",
         "loss = loss + c.alpha * c.temperature**2 * kl",

@@ -118,19 +118,38 @@ def test_reference_training_lowers_the_loss():
     assert sum(losses[-5:]) / 5 < losses[0] - 0.1
 
 
-def test_flat_allreduce_keeps_missing_gradients_missing(tmp_path):
+def _allreduce_rank(rank: int, path: str, out: str) -> None:
     import torch.distributed as dist
 
     from maestro.runtime.executor import flat_allreduce_grads
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
     try:
         a, b, c = (torch.nn.Parameter(torch.ones(n, dtype=torch.float64)) for n in (2, 3, 1))
-        a.grad = torch.tensor([1.0, 2.0], dtype=torch.float64)
-        c.grad = torch.tensor([5.0], dtype=torch.float64)
+        # a: a gradient on rank 0 only (an encoder that saw an image on one replica);
+        # b: on no rank (no image anywhere); c: on both (summed)
+        if rank == 0:
+            a.grad = torch.tensor([1.0, 2.0], dtype=torch.float64)
+        c.grad = torch.tensor([5.0 + rank], dtype=torch.float64)
         flat_allreduce_grads([a, b, c])
-        assert torch.equal(a.grad, torch.tensor([1.0, 2.0], dtype=torch.float64))
-        assert b.grad is None
-        assert torch.equal(c.grad, torch.tensor([5.0], dtype=torch.float64))
+        torch.save({"a": a.grad, "b": b.grad, "c": c.grad}, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.dist
+def test_flat_allreduce_keeps_missing_gradients_missing(tmp_path):
+    """Two gloo processes: a gradient missing on one replica counts as zeros (it is not
+    dropped, and the replica that lacked it now holds the sum), a gradient missing on every
+    replica stays ``None`` (AdamW then leaves the parameter and its moments alone)."""
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "grads")
+    mp.start_processes(
+        _allreduce_rank, args=(str(tmp_path / "pg"), out), nprocs=2, start_method="spawn"
+    )
+    for rank in (0, 1):
+        g = torch.load(f"{out}.{rank}")
+        assert torch.equal(g["a"], torch.tensor([1.0, 2.0], dtype=torch.float64)), rank
+        assert g["b"] is None, rank
+        assert torch.equal(g["c"], torch.tensor([11.0], dtype=torch.float64)), rank
