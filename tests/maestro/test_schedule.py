@@ -256,6 +256,15 @@ def test_wavefront_is_fast_at_scale():
     s = get_scheduler("wavefront")(sc.samples, sc.sections, sc.cost_model)
     took = time.process_time() - t
     validate_schedule(s, sc.samples, sc.sections)
-    # the 1 s target is a benchmark figure (bench/maestro_schedule.py, about 0.4-0.7 s); the
-    # test guards against a pathological regression with room for a loaded CI machine
-    assert took < 3.0, f"wavefront took {took:.2f} s"
+    # against a reference on the same input and machine: one simulation of the fifo schedule
+    # (the wavefront scheduler runs a few greedy passes and simulates each; measured 13-14x
+    # one simulation). The absolute 1 s target is a benchmark figure (bench/maestro_schedule.py)
+    from maestro.schedule.timeline import simulate
+
+    fifo = get_scheduler("fifo")(sc.samples, sc.sections, sc.cost_model)
+    ref = []
+    for _ in range(3):
+        t = time.process_time()
+        simulate(fifo, sc.samples, sc.sections, sc.cost_model)
+        ref.append(time.process_time() - t)
+    assert took <= 25 * min(ref), f"wavefront took {took:.2f} s = {took / min(ref):.1f} sims"

@@ -137,7 +137,19 @@ def test_calibrate_measures_both_paths_and_round_trips_the_manifest(topo, tmp_pa
     batch = sorted({b for *_, b in cal.points["cpu"]})
     assert batch[0] == 1 and batch[-1] == 64
     assert all(t > 0 for _, t, _ in cal.points["cpu"] + cal.points["gpu"])
-    assert cal.threshold >= 0 and cal.empirical_threshold >= 0
+    # the stored threshold is what the measured points say: the crossover of lines fitted to
+    # them, and the empirical threshold minimises their measured total (a calibration that
+    # mixed up the paths, or fitted other points, fails)
+    for path in ("cpu", "gpu"):
+        a = np.asarray(cal.points[path])
+        want = _fit_line(a[:, 0], a[:, 1])
+        assert cal.fits[path] == pytest.approx(want)
+    x_max = max(p[0] for p in cal.points["cpu"])
+    assert cal.threshold == _crossover(cal.fits["cpu"], cal.fits["gpu"], x_max)
+    assert cal.empirical_threshold == _empirical_threshold(cal.points)
+    assert cal.predict("cpu", 100.0) == pytest.approx(
+        cal.fits["cpu"]["a"] + 100.0 * cal.fits["cpu"]["b"]
+    )
     assert cal.sizes == SIZES and "torch" in cal.gpu_path
     # the manifest keeps its other keys; the write is atomic (no temp file left behind)
     manifest = tmp_path / "manifest.json"

@@ -71,6 +71,16 @@ def test_outputs_class_and_embedding(world):
         emb = eng.predict([3, 4], output="embedding").values
     assert cls.tolist() == logits.argmax(1).tolist()
     assert emb.shape == (2, 16)
+    # every node has in-degree 3 <= the fanouts (4, 4): sampling takes all neighbours, so the
+    # served outputs must equal the model's own offline pass on the same subgraph
+    import numpy as np
+
+    n_id, _, adjs = sampler.sample(torch.tensor([3, 4]))
+    with torch.no_grad():
+        want_emb, want_logits = model.forward_all(x[n_id], adjs)
+    np.testing.assert_allclose(emb, want_emb[:2].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(logits, want_logits[:2].numpy(), rtol=1e-5, atol=1e-6)
+    assert np.abs(emb).max() > 1e-3
 
 
 def test_a_failing_batch_answers_its_requests_with_the_error_and_serving_continues(
