@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     for n in names:
         get_scheduler(n)  # ValueError lists the known names
     label, samples, sections, cm, mono_mbs = load_workload(args)
-    world = sum(s.dp for s in sections)
+    world = sum(s.dp * getattr(s, "tp", 1) for s in sections)  # ranks: replicas x tp
     print(
         f"{label}: {len(samples)} samples on {world} ranks; "
         + ", ".join(f"{s.name} dp={s.dp} mbs={s.micro_batch_size}" for s in sections)

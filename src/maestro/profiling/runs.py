@@ -87,8 +87,8 @@ def replay_run(cost_model, config, monolithic: bool, *, corrected: bool = False)
     batches = [wl.sample_infos(wl.batch(k), graph) for k in range(1, config.steps)]
     specs = config.section_specs()
     if monolithic:
-        world = sum(s.dp for s in specs)
-        specs = [replace(s, dp=world) for s in specs]
+        world = config.world_size  # every rank: dp * fsdp * tp per section
+        specs = [replace(s, dp=world, tp=1) for s in specs]  # the whole model per rank
         mbs = config.monolithic_micro_batch_size
         scheds = [
             monolithic_schedule(b, specs, world_size=world, micro_batch_size=mbs) for b in batches
