@@ -35,7 +35,7 @@ format: $(STAMP)
 
 # Side-by-side benchmarks (long; never part of the tests). reliability.py and gpu_check.sh run
 # on their own: `make reliability`, and `bash bench/gpu_check.sh` on a machine with a GPU.
-BENCHES := sampling psgs features model_forward serving maestro_throughput maestro_schedule maestro_plan
+BENCHES := sampling psgs features model_forward serving maestro_throughput maestro_schedule maestro_plan maestro_parallel
 
 bench: $(STAMP)
 	@for b in $(BENCHES); do echo "== bench/$$b.py"; $(PY) bench/$$b.py || exit 1; done
