@@ -3,7 +3,9 @@
 A checkpoint taken after step ``s`` (``next_step = s + 1``) in directory ``D`` is:
 
 - ``step-0000000N.SECTION.pt``: one per section, written by one replica of the section's DP
-  group (replicas are identical after the SUM all-reduce): ``{"module", "optimizer"}``;
+  group (replicas are identical after the SUM all-reduce): ``{"module", "optimizer"}``. A
+  section that shards (FSDP, TP, ZeRO-1) gathers its state first, so the file always holds
+  whole tensors in a single-rank run's format and any layout resumes from it;
 - ``step-0000000N.meta.pt``: written by rank 0: the data position (``next_step``), the losses
   so far, every rank's RNG states, the scheduler name and the config fingerprint;
 - ``step-0000000N.manifest.json``: written *last* by rank 0, after a barrier, naming every file
@@ -114,12 +116,15 @@ def set_rng_state(st: dict) -> None:
 
 
 def save_section(d: Path, next_step: int, name: str, module, optimizer) -> str:
-    """Write one section's state; returns the file name (relative to ``d``)."""
+    """Write one section's state; returns the file name (relative to ``d``).
+
+    ``module`` and ``optimizer`` are a module and an optimizer, or their state dicts (a
+    sharded section's gathered, whole state: ``maestro.parallel.state``).
+    """
     fname = f"{_prefix(next_step)}.{name}.pt"
-    state = {
-        "module": {k: v.detach().cpu() for k, v in module.state_dict().items()},
-        "optimizer": None if optimizer is None else optimizer.state_dict(),
-    }
+    msd = module if isinstance(module, dict) else module.state_dict()
+    osd = optimizer if optimizer is None or isinstance(optimizer, dict) else optimizer.state_dict()
+    state = {"module": {k: v.detach().cpu() for k, v in msd.items()}, "optimizer": osd}
     atomic_write(Path(d) / fname, _torch_bytes(state))
     return fname
 

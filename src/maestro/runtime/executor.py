@@ -14,6 +14,13 @@ Per step, on every rank (deadlock-free for any schedule that assigns every activ
    gradients further back).
 3. Gradients are summed inside the section's DP group and the section's optimizer steps.
 
+Parallel strategies (``maestro.parallel``): a section's ranks form a ``dp x fsdp x tp`` mesh.
+The schedule's replicas are its ``dp * fsdp`` data-parallel coordinates; every rank of a
+replica's TP group gets the replica's inputs (the producer replica's TP leader sends to each)
+and only the TP leader sends outputs and input gradients on. FSDP collectives need every rank
+of the group to run the same forwards and backwards, so replicas with fewer micro-batches
+than the busiest one run zero-contribution padding micro-batches (``_pad_micro_batch``).
+
 Every per-sample loss is divided by the *global* batch's normaliser and DP reduction is a SUM,
 so the step equals a single-process step of the whole compound model up to float rounding.
 """
@@ -28,6 +35,8 @@ import torch.distributed as dist
 
 from maestro.config import TrainConfig
 from maestro.costmodel import micro_batch_features
+from maestro.parallel import grads as pgrads
+from maestro.parallel.mesh import build_section_mesh, section_layouts
 from maestro.runtime.faults import NonFiniteError, kill_point, nonfinite_message, poison_factor
 from maestro.runtime.local import (
     batch_fingerprint,
@@ -136,16 +145,26 @@ class MaestroWorker:
         config.check_world_size(world)
         self.config, self.rank, self.device, self.tracer = config, rank, device, tracer
         self.layout = config.rank_layout()
+        self.layouts = section_layouts(config)
         self.specs = config.section_specs()
         self.name = next(n for n, rs in self.layout.items() if rank in rs)
-        self.replica = self.layout[self.name].index(rank)
+        lay = self.layouts[self.name]
+        self.replica = lay.replica_of(rank)
+        #: the TP leader of a replica sends its outputs and input gradients
+        self.leader = lay.leader(self.replica) == rank
         self.workload = get_workload(config)
         self.graph = self.workload.graph(build=[self.name])
         self.section = self.graph[self.name]
         self.section.module.to(device)
-        self.group = None
+        self.group = None  # plain replicas: the flat gradient all-reduce's group
+        self.mesh = None
         for spec in self.specs:  # every rank creates every group, in the same order
-            if spec.dp > 1:
+            sl = self.layouts[spec.name]
+            if sl.sharded:
+                m = build_section_mesh(sl, device.type)
+                if spec.name == self.name:
+                    self.mesh = m
+            elif spec.dp > 1:
                 g = dist.new_group(self.layout[spec.name])
                 if spec.name == self.name:
                     self.group = g
@@ -157,10 +176,36 @@ class MaestroWorker:
         if 0 < len(guard_ranks) < world:
             self.guard_group = dist.new_group(guard_ranks)
         self.trainable = not self.section.frozen
+        sc = config.sections[self.name]
+        self.strategy = None
+        if lay.sharded:
+            from maestro.parallel.apply import parallelize_section
+
+            bf16 = torch.bfloat16 if config.dtype == "bfloat16" else None
+            self.strategy = parallelize_section(
+                self.section,
+                sc,
+                lay,
+                self.mesh,
+                mixed_precision=bf16,
+                where=f"sections.{self.name}",
+            )
+        elif sc.recompute and self.trainable:
+            from maestro.parallel.apply import apply_recompute, transformer_blocks
+
+            apply_recompute(transformer_blocks(self.section.module), f"sections.{self.name}")
+        #: the gradient-sum group over replicas of a TP-sharded section without FSDP
+        self.dp_group = self.strategy.dp_group if self.strategy is not None else None
         self.params = [p for p in self.section.module.parameters() if p.requires_grad]
-        self.optimizer = (
-            make_optimizer(config.sections[self.name], self.params) if self.trainable else None
-        )
+        self.optimizer = None
+        if self.trainable and sc.zero and lay.num_replicas > 1:
+            from maestro.parallel.zero import ZeroOptimizer
+
+            self.optimizer = ZeroOptimizer(
+                self.params, lambda ps: make_optimizer(sc, ps), self.group or self.dp_group
+            )
+        elif self.trainable:
+            self.optimizer = make_optimizer(sc, self.params)
         self.scheduler = resolve_scheduler(config.scheduler)
         #: what the scheduler estimates costs with (``runtime.costs``); fifo needs none
         self.cost_model = None
@@ -173,7 +218,8 @@ class MaestroWorker:
             config.sections[self.name].max_in_flight if self.section.frozen else None
         )
         self.transport = Transport(device)
-        self.label = f"{self.name}[{self.replica}]"
+        tp_index = lay.coordinate(rank)[2]
+        self.label = f"{self.name}[{self.replica}]" + (f"tp{tp_index}" if lay.tp > 1 else "")
         #: ``"stop"`` (raise ``NonFiniteError``) or ``"skip"`` (no update on any rank)
         self.on_nonfinite = "stop"
         #: sample ids this rank processed in the last step, and whether that step was skipped
@@ -182,7 +228,33 @@ class MaestroWorker:
         self._batch_checked = False
 
     def _rank_of(self, section: str, schedule: Schedule, sample_id: int) -> int:
-        return self.layout[section][schedule.replica_of(section, sample_id)]
+        """The rank that sends ``section``'s messages about ``sample_id`` (its TP leader)."""
+        return self.layouts[section].leader(schedule.replica_of(section, sample_id))
+
+    def _ranks_of(self, section: str, schedule: Schedule, sample_id: int) -> list[int]:
+        """Every rank that needs ``section``'s inputs for ``sample_id`` (its TP group)."""
+        return self.layouts[section].replica_ranks(schedule.replica_of(section, sample_id))
+
+    def _pad_micro_batch(self, batch, active, step: int, k: int):
+        """A forward (and, trainable, a zero backward) that changes no gradient.
+
+        Keeps FSDP's collectives in step when this replica has fewer micro-batches than
+        another: the first sample of the batch that activates the section, its producers'
+        inputs absent (``None``, as for a sample a producer skips); a sink's loss is
+        multiplied by 0, a producer's backward gets zero gradients.
+        """
+        sample = next(s for s in batch if self.name in active[s["id"]])
+        ins = {p: [None] for p in self.section.inputs}
+        with self.tracer.span(f"{self.name} pad fwd", "forward", mb=k, step=step):
+            with torch.inference_mode() if self.section.frozen else nullcontext():
+                outs = self.section.run([sample], ins)
+        if self.section.frozen:
+            return None
+        if self.graph.is_sink(self.name):
+            with self.tracer.span(f"{self.name} pad bwd", "backward", mb=k, step=step):
+                (outs[0]["loss"] * 0.0).backward()
+            return None
+        return outs
 
     def step(self, step: int) -> float:
         """Run one training step; returns this rank's share of the (normalised) loss."""
@@ -216,8 +288,11 @@ class MaestroWorker:
         kept = []
         loss_total = 0.0
         mine = schedule.order[self.name][self.replica]
-        self.last_ids = [sid for mb in mine for sid in mb.sample_ids]
+        # TP peers process the same samples: only the leader logs them (no duplicate ids)
+        self.last_ids = [sid for mb in mine for sid in mb.sample_ids] if self.leader else []
         self.last_skipped = False
+        pad = self.strategy is not None and self.strategy.pad
+        num_pad = max(len(r) for r in schedule.order[self.name]) - len(mine) if pad else 0
         for k, mb in enumerate(mine):
             ids = mb.sample_ids
             ins: dict[str, list[Outputs | None]] = {}
@@ -247,12 +322,12 @@ class MaestroWorker:
                     outs = sec.run([batch[i] for i in ids], ins)
             with tr.span("send", "send", mb=k, step=step) as targs:
                 sent = self.transport.bytes_sent
-                for c in consumers:
+                for c in consumers if self.leader else ():
                     by_dst: dict[int, list[tuple[int, Outputs]]] = {}
                     for sid, o in zip(ids, outs):
                         if c in active[sid]:
-                            dst = self._rank_of(c, schedule, sid)
-                            by_dst.setdefault(dst, []).append((sid, o))
+                            for dst in self._ranks_of(c, schedule, sid):
+                                by_dst.setdefault(dst, []).append((sid, o))
                     for dst, items in by_dst.items():
                         self.transport.send(dst, tag_act, items, step)
                 targs["bytes"] = self.transport.bytes_sent - sent
@@ -271,6 +346,10 @@ class MaestroWorker:
                 self._send_input_grads(received, schedule, tag_grad, step)
             elif self.trainable:
                 kept.append((k, ids, outs, received))
+        for j in range(num_pad):
+            outs = self._pad_micro_batch(batch, active, step, len(mine) + j)
+            if outs is not None:
+                kept.append((len(mine) + j, (), outs, []))
         for k, ids, outs, received in kept:
             tensors, grads = [], []
             for sid, o in zip(ids, outs):
@@ -281,6 +360,15 @@ class MaestroWorker:
                         for key, gt in g.items():
                             tensors.append(o[key])
                             grads.append(gt)
+            if pad:
+                # FSDP: one backward per micro-batch on every rank, whatever came back
+                # (zero gradients for outputs nobody used, and for padding micro-batches)
+                have = {id(t) for t in tensors}
+                for o in outs:
+                    for t in o.values():
+                        if t.requires_grad and id(t) not in have:
+                            tensors.append(t)
+                            grads.append(torch.zeros_like(t))
             with tr.span(f"{self.name} bwd", "backward", mb=k, step=step):
                 if tensors:
                     torch.autograd.backward(tensors, grads)
@@ -288,20 +376,28 @@ class MaestroWorker:
         with tr.span("flush sends", "wait"):
             self.transport.flush(before_step=step)
         assert not any(self.transport.inbox.values()), "unconsumed messages at end of step"
+        # the launcher sums every rank's loss: TP peers computed the same one
+        reported = loss_total if self.leader else 0.0
         if self.trainable and not self._guard(step, sink, loss_total):
             self.last_skipped = True
             self.optimizer.zero_grad(set_to_none=True)
-            return loss_total
+            return reported
         if self.optimizer is not None:
             if self.group is not None:
                 with tr.span("all-reduce grads", "comm"):
                     flat_allreduce_grads(self.params, self.group)
+            elif self.dp_group is not None:
+                with tr.span("all-reduce grads", "comm"):
+                    pgrads.allreduce_grads(self.params, self.dp_group)
             sc = self.config.sections[self.name]
             with tr.span("optimizer", "optimizer"):
-                clip_grads(self.params, sc.grad_clip)
+                if self.strategy is not None:
+                    pgrads.clip_grads(self.params, sc.grad_clip, self.mesh)  # all shards
+                else:
+                    clip_grads(self.params, sc.grad_clip)
                 set_lr(self.optimizer, sc, step, self.config.steps)
                 self.optimizer.step()
-        return loss_total
+        return reported
 
     def _guard(self, step: int, sink: bool, loss: float) -> bool:
         """Agree with every trainable rank whether the step is finite; ``True`` to update.
@@ -313,7 +409,7 @@ class MaestroWorker:
         flags = torch.zeros(2 * len(self.guard_names), dtype=torch.float64, device=self.device)
         i = self.guard_names.index(self.name)
         flags[2 * i] = float(sink and not math.isfinite(loss))
-        flags[2 * i + 1] = float(not grads_finite(self.params))
+        flags[2 * i + 1] = float(not pgrads.grads_finite(self.params))
         with self.tracer.span("non-finite guard", "comm"):
             dist.all_reduce(flags, op=dist.ReduceOp.SUM, group=self.guard_group)
         msg = nonfinite_message(step, flags.tolist(), self.guard_names)
@@ -323,27 +419,66 @@ class MaestroWorker:
             raise NonFiniteError(f"{msg}; stopped before any optimizer update (--on-nonfinite)")
         return False
 
-    def checkpoint_state(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
-        """``{section: (module, optimizer)}`` this rank writes (replica 0 of its section)."""
-        return {self.name: (self.section.module, self.optimizer)} if self.replica == 0 else {}
+    def checkpoint_state(self) -> dict[str, tuple[dict, dict | None]]:
+        """``{section: (module state, optimizer state)}`` this rank writes: replica 0's TP
+        leader, whole tensors in a single-rank run's format (``maestro.parallel.state``), so
+        any layout can resume from it. Collective over the section's ranks when it shards."""
+        sharded = self.strategy is not None or self.optimizer_is_zero
+        if not sharded:
+            if self.replica != 0:
+                return {}
+            opt = None if self.optimizer is None else self.optimizer.state_dict()
+            return {self.name: (self.section.module.state_dict(), opt)}
+        from maestro.parallel import state as pstate
+
+        module = pstate.full_module_state(self.section.module)
+        opt = None
+        if self.optimizer is not None:
+            opt = pstate.full_optimizer_state(self.optimizer, self.params)
+        return {self.name: (module, opt)} if self.replica == 0 and self.leader else {}
+
+    @property
+    def optimizer_is_zero(self) -> bool:
+        """Whether this section's optimizer state is sharded by ZeRO-1."""
+        from maestro.parallel.zero import ZeroOptimizer
+
+        return isinstance(self.optimizer, ZeroOptimizer)
 
     def load_checkpoint(self, ckpt) -> None:
-        """Load this section's module and optimizer state from a ``checkpoint.Checkpoint``."""
+        """Load this section's module and optimizer state from a ``checkpoint.Checkpoint``
+        (written under any layout)."""
         if self.name not in ckpt.sections:
             raise ValueError(f"checkpoint has no state for section {self.name!r}")
         st = ckpt.section(self.name)
-        self.section.module.load_state_dict(st["module"])
+        if self.optimizer is not None and st["optimizer"] is None:
+            raise ValueError(f"checkpoint has no optimizer state for section {self.name!r}")
+        if self.strategy is None and not self.optimizer_is_zero:
+            self.section.module.load_state_dict(st["module"])
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(st["optimizer"])
+            return
+        from maestro.parallel import state as pstate
+
+        pstate.load_module_state(self.section.module, st["module"])
         if self.optimizer is not None:
-            if st["optimizer"] is None:
-                raise ValueError(f"checkpoint has no optimizer state for section {self.name!r}")
-            self.optimizer.load_state_dict(st["optimizer"])
+            pstate.load_optimizer_state(self.optimizer, self.params, st["optimizer"])
+
+    def state_bytes(self) -> dict[str, int]:
+        """This rank's bytes of parameters, gradients and optimizer state."""
+        from maestro.parallel.memory import state_bytes
+
+        return state_bytes(self.section.module.parameters(), self.optimizer)
 
     def _send_input_grads(
         self, received: list[tuple[str, int, Outputs]], schedule: Schedule, tag: int, step: int
     ) -> None:
+        if not self.leader:  # TP peers hold the same (all-reduced) input gradients
+            return
         by_dst: dict[int, list[tuple[int, Outputs]]] = {}
         for p, sid, got in received:
-            by_dst.setdefault(self._rank_of(p, schedule, sid), []).append((sid, _grads_of(got)))
+            g = _grads_of(got)
+            for dst in self._ranks_of(p, schedule, sid):
+                by_dst.setdefault(dst, []).append((sid, g))
         with self.tracer.span("send grads", "send"):
             for dst, items in by_dst.items():
                 self.transport.send(dst, tag, items, step)
@@ -353,5 +488,11 @@ class MaestroWorker:
         self.transport.flush()
 
     def state_dicts(self) -> dict[str, dict]:
-        """``{section: state_dict}`` this rank is responsible for saving (replica 0 only)."""
-        return {self.name: self.section.module.state_dict()} if self.replica == 0 else {}
+        """``{section: state_dict}`` this rank saves (replica 0's TP leader), whole tensors;
+        collective over the section's ranks when it shards."""
+        if self.strategy is None:
+            return {self.name: self.section.module.state_dict()} if self.replica == 0 else {}
+        from maestro.parallel.state import full_module_state
+
+        sd = full_module_state(self.section.module)
+        return {self.name: sd} if self.replica == 0 and self.leader else {}

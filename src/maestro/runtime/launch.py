@@ -251,7 +251,9 @@ def _train(config, opts, rank, world, device) -> dict | None:
         "samples_per_s": measured_steps * config.global_batch / elapsed,
         "busy": busy_frac,
         "seconds": _per_section_totals(sections, all_totals, measured_steps),
-        "state_bytes": [{"rank": r, "label": lab, **(m or {})} for r, (lab, m) in enumerate(all_mem)],
+        "state_bytes": [
+            {"rank": r, "label": lab, **(m or {})} for r, (lab, m) in enumerate(all_mem)
+        ],
         "layout": {"model": {"dp": world, "micro_batch_size": config.monolithic_micro_batch_size}}
         if opts.monolithic
         else {

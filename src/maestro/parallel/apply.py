@@ -1,0 +1,197 @@
+"""Prepare a section's module for its strategy: TP, then recompute, then FSDP2.
+
+The order follows torch's composability rules (torchtitan's too): tensor parallelism turns
+block weights into DTensors on the ``tp`` mesh dimension; activation checkpointing wraps each
+block's forward; ``fully_shard`` then shards every block, and a ``SectionRoot`` holding the
+module, over the ``fsdp`` dimension (HSDP over ``dp x fsdp`` when ``dp > 1``).
+
+Why a ``SectionRoot``: a job's forward may touch its module in any way (the MLLM's calls
+``module.tok`` and ``module.forward_embeds``, never ``module(...)``), while FSDP2 gathers the
+root's parameters in the root's forward hook. The root wraps the whole section forward, so
+everything outside the blocks is gathered once per micro-batch, however the job uses it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from maestro.parallel.mesh import SectionLayout
+
+
+def transformer_blocks(module: nn.Module) -> list[nn.Module]:
+    """The module's transformer blocks (FSDP units, TP and recompute targets), in order.
+
+    The project's ``Block`` and Llama/Qwen2-style decoder layers are found wherever they sit;
+    nested blocks are not returned twice.
+    """
+    from maestro.parallel.tp import is_hf_decoder_layer
+    from maestro.workloads.layers import Block
+
+    found: list[nn.Module] = []
+    seen: set[int] = set()
+    for m in module.modules():
+        if id(m) in seen:
+            continue
+        if isinstance(m, Block) or is_hf_decoder_layer(m):
+            found.append(m)
+            seen.update(id(x) for x in m.modules())
+    return found
+
+
+class SectionRoot(nn.Module):
+    """The FSDP root of a section: ``forward(fn, samples, inputs) = fn(module, samples, inputs)``.
+
+    Args:
+        module: the section's module (kept as ``self.module``).
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, fn, samples, inputs):
+        return fn(self.module, samples, inputs)
+
+
+def apply_recompute(blocks: list[nn.Module], where: str = "section") -> None:
+    """Activation checkpointing per block: the block keeps its input, recomputes its forward
+    in the backward (non-reentrant ``torch.utils.checkpoint``; parameter names unchanged).
+    ``ValueError`` naming ``where`` (the config table) when there is no block."""
+    from torch.utils.checkpoint import checkpoint
+
+    if not blocks:
+        raise ValueError(f"{where}.recompute: the section's module has no transformer block")
+
+    for blk in blocks:
+        inner = blk.forward
+
+        def forward(*args, _inner=inner, **kwargs):
+            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+
+        blk.forward = functools.wraps(inner)(forward)
+
+
+def sum_gradients(root: nn.Module) -> None:
+    """Make every FSDP unit under ``root`` SUM its gradients (FSDP2 averages by default; the
+    loss is already divided by the global normaliser) and reduce zeros for unused parameters,
+    so every rank issues the same collectives."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in root.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+            m.set_reduce_scatter_unused_params(True, recurse=False)
+
+
+def apply_fsdp(
+    root: SectionRoot,
+    blocks: list[nn.Module],
+    mesh,
+    *,
+    reshard_after_forward: bool = True,
+    mp_policy=None,
+    frozen: bool = False,
+) -> None:
+    """``fully_shard`` each block, then ``root``, over ``mesh`` (1-D: FSDP; 2-D: HSDP).
+
+    The root (embeddings, head: everything outside the blocks) stays gathered from its
+    forward to its backward when trainable; a frozen section has no backward, so it reshards.
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from maestro.parallel.tp import shard_placement
+
+    kw = {
+        "mesh": mesh,
+        "mp_policy": mp_policy or MixedPrecisionPolicy(),
+        "shard_placement_fn": shard_placement,
+    }
+    for blk in blocks:
+        fully_shard(blk, reshard_after_forward=reshard_after_forward, **kw)
+    # a trainable root's parameters are needed again right at the start of the backward
+    fully_shard(root, reshard_after_forward=frozen, **kw)
+    sum_gradients(root)
+
+
+@dataclass
+class Strategy:
+    """How a section runs on this rank (what ``parallelize_section`` decided).
+
+    Args:
+        layout: the section's rank grid.
+        mesh: its DeviceMesh (``None`` without FSDP and TP).
+        root: the ``SectionRoot`` FSDP wraps (``None`` without FSDP).
+        blocks: the transformer blocks found.
+        pad: every replica runs the same number of micro-batches (FSDP collectives).
+    """
+
+    layout: SectionLayout
+    mesh: object = None
+    root: SectionRoot | None = None
+    blocks: list | None = None
+    pad: bool = False
+
+    @property
+    def dp_group(self):
+        """The gradient-sum group over replicas when it is not FSDP's own (``None``: FSDP
+        reduces, or a single replica)."""
+        if self.layout.fsdp > 1 or self.layout.num_replicas == 1:
+            return None
+        return self.mesh["dp"].get_group() if self.mesh is not None else None
+
+
+def parallelize_section(
+    section,
+    sc,
+    layout: SectionLayout,
+    mesh,
+    *,
+    mixed_precision: torch.dtype | None = None,
+    where: str = "section",
+) -> Strategy:
+    """Apply the section config's strategy to ``section.module`` in place.
+
+    Args:
+        section: the ``maestro.sections.Section`` (its forward is routed through the FSDP
+            root when ``fsdp > 1``).
+        sc: its ``SectionConfig`` (``tp``, ``fsdp``, ``recompute``, ``reshard_after_forward``).
+        layout: its rank grid.
+        mesh: its ``DeviceMesh(dp, fsdp, tp)`` (``None`` when neither FSDP nor TP).
+        mixed_precision: ``torch.bfloat16``: FSDP gathers bf16 parameters and reduces fp32
+            gradients (``MixedPrecisionPolicy``); the fp32 master weights stay sharded.
+        where: the config table, for error messages.
+    """
+    module = section.module
+    blocks = transformer_blocks(module)
+    st = Strategy(layout=layout, mesh=mesh, blocks=blocks)
+    if layout.tp > 1:
+        from maestro.parallel.tp import apply_tp
+
+        apply_tp(blocks, mesh["tp"], where)
+    if sc.recompute and not section.frozen:
+        apply_recompute(blocks, where)
+    if layout.fsdp > 1:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        mp = None
+        if mixed_precision is not None and not section.frozen:
+            mp = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32)
+        root = SectionRoot(module)
+        fmesh = mesh["dp", "fsdp"] if layout.dp > 1 else mesh["fsdp"]
+        apply_fsdp(
+            root,
+            blocks,
+            fmesh,
+            reshard_after_forward=sc.reshard_after_forward,
+            mp_policy=mp,
+            frozen=section.frozen,
+        )
+        forward = section._forward
+        section._forward = lambda m, samples, inputs: root(forward, samples, inputs)
+        st.root, st.pad = root, True
+    return st
