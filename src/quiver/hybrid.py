@@ -63,6 +63,8 @@ class HybridSampler:
         seed: sampling seed (the GPU path uses ``seed + 1``); ``None`` draws one.
         num_threads: threads of the CPU kernel (default: all cores).
         uva: GPU path reads a pinned host topology (``mode="UVA"``) instead of a device copy.
+        frontier: both paths expand only each hop's new nodes (PyG ``NeighborLoader``
+            semantics, for ``forward(x, edge_index)`` models); default False.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class HybridSampler:
         seed: int | None = None,
         num_threads: int | None = None,
         uva: bool = False,
+        frontier: bool = False,
     ):
         from quiver.sampling import CPUSampler, TorchSampler
 
@@ -90,7 +93,10 @@ class HybridSampler:
             )
         self.psgs_table = psgs_table
         self._psgs_np = psgs_table.numpy()
-        self.cpu = CPUSampler(csr_topo.to("cpu"), self.sizes, seed=seed, num_threads=num_threads)
+        self.frontier = bool(frontier)
+        self.cpu = CPUSampler(
+            csr_topo.to("cpu"), self.sizes, seed=seed, num_threads=num_threads, frontier=frontier
+        )
         device = _default_gpu_device() if gpu_device is None else torch.device(gpu_device)
         self.gpu = None
         if device is None:
@@ -104,7 +110,9 @@ class HybridSampler:
                 )
             gseed = None if seed is None else seed + 1
             mode = "UVA" if uva else "GPU"
-            self.gpu = TorchSampler(csr_topo, self.sizes, device=device, mode=mode, seed=gseed)
+            self.gpu = TorchSampler(
+                csr_topo, self.sizes, device=device, mode=mode, seed=gseed, frontier=frontier
+            )
             self.threshold = float(threshold)
         if not self.threshold >= 0:
             raise ValueError(f"threshold must be >= 0 (or math.inf), got {threshold}")

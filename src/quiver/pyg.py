@@ -43,6 +43,10 @@ class GraphSageSampler:
             reading a pinned host topology; raises ``ValueError`` without CUDA).
         seed: seed for reproducible sampling; ``None`` draws one.
         num_threads: CPU mode only: numba threads per call (default: all cores).
+        frontier: ``False`` (default, torch-quiver's and PyG's legacy ``NeighborSampler``'s
+            semantics) samples every gathered node at each hop; ``True`` only each hop's new
+            nodes, as PyG's ``NeighborLoader``: the hops' edges then never repeat, so their
+            concatenation is the subgraph a ``forward(x, edge_index)`` model runs on.
     """
 
     def __init__(
@@ -53,10 +57,14 @@ class GraphSageSampler:
         mode: str = "CPU",
         seed: int | None = None,
         num_threads: int | None = None,
+        frontier: bool = False,
     ):
         self.mode = mode
         self.sizes = list(sizes)
-        self.sampler = _build_sampler(csr_topo, sizes, device, mode, seed, num_threads, False)
+        self.frontier = bool(frontier)
+        self.sampler = _build_sampler(
+            csr_topo, sizes, device, mode, seed, num_threads, self.frontier
+        )
         if device is None:
             device = getattr(self.sampler, "device", torch.device("cpu"))
         self.device = torch.device(device)

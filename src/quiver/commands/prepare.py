@@ -3,6 +3,10 @@
 Sources: a synthetic preset (``--dataset products-like``), an OGB node-property directory
 (``--from-ogb DIR``) or an edge list (``--edges FILE``, optionally with ``--features`` and
 ``--labels`` ``.npy`` files).
+
+Splits of an edge list: ``--train/--valid/--test FILE.npy`` (node ids, or boolean masks of
+length N), or ``--split 0.8,0.1,0.1``: a seeded (``--seed``) random split of the labelled
+nodes, on by default (at 0.8,0.1,0.1) when ``--labels`` is given.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ def register(sub) -> None:
     src.add_argument("--from-ogb", metavar="DIR", help="OGB node-property dataset root")
     src.add_argument("--edges", metavar="FILE", help="edge list: .txt, .csv or .npy")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    p.add_argument("--seed", type=int, default=0, help="seed of a synthetic preset (default 0)")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of a synthetic preset or of --split (default 0)"
+    )
     p.add_argument(
         "--undirected",
         action="store_true",
@@ -35,8 +41,92 @@ def register(sub) -> None:
     p.add_argument("--num-nodes", type=int, help="node count for --edges (default max id + 1)")
     p.add_argument("--features", metavar="FILE", help="[N, F] .npy features for --edges")
     p.add_argument("--labels", metavar="FILE", help="[N] .npy integer labels for --edges")
+    p.add_argument(
+        "--split",
+        metavar="TRAIN,VALID,TEST",
+        help="random split of the labelled nodes by these fractions, seeded by --seed "
+        "(default 0.8,0.1,0.1 when --labels is given and no split files are)",
+    )
+    for name in SPLIT_NAMES:
+        p.add_argument(
+            f"--{name}",
+            metavar="FILE",
+            help=f"{name} node ids (or an [N] boolean mask) as .npy, for --edges",
+        )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
+
+
+SPLIT_NAMES = ("train", "valid", "test")
+DEFAULT_SPLIT = (0.8, 0.1, 0.1)
+
+
+def parse_split(text: str) -> tuple[float, float, float]:
+    """``"0.8,0.1,0.1"`` -> three fractions in [0, 1] summing to at most 1."""
+    try:
+        fracs = tuple(float(f) for f in text.split(","))
+    except ValueError:
+        raise ValueError(f"--split must be three comma-separated fractions, got {text!r}") from None
+    if len(fracs) != 3 or any(not 0 <= f <= 1 for f in fracs) or sum(fracs) > 1 + 1e-9:
+        raise ValueError(
+            f"--split must be three fractions in [0, 1] summing to at most 1 (train,valid,test), "
+            f"got {text!r}"
+        )
+    return fracs
+
+
+def random_split(labels, fracs, seed: int) -> dict:
+    """Seeded split of the labelled nodes (``labels >= 0``): ``{"train", "valid", "test"}``."""
+    import numpy as np
+
+    labelled = np.flatnonzero(np.asarray(labels) >= 0)
+    perm = np.random.default_rng(seed).permutation(labelled)
+    n = perm.size
+    n_train = int(round(fracs[0] * n))
+    n_valid = min(int(round(fracs[1] * n)), n - n_train)
+    n_test = min(int(round(fracs[2] * n)), n - n_train - n_valid)
+    cuts = [0, n_train, n_train + n_valid, n_train + n_valid + n_test]
+    return {name: np.sort(perm[cuts[i] : cuts[i + 1]]) for i, name in enumerate(SPLIT_NAMES)}
+
+
+def _split_file(path, name: str, n: int):
+    import numpy as np
+
+    a = _load_npy(path, f"--{name}")
+    if a.dtype == np.bool_:
+        if a.shape != (n,):
+            raise ValueError(f"--{name} {path}: a mask must have shape [{n}], got {list(a.shape)}")
+        return np.flatnonzero(a)
+    if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(
+            f"--{name} {path}: expected 1-D integer node ids, got {list(a.shape)} {a.dtype}"
+        )
+    if a.size and (a.min() < 0 or a.max() >= n):
+        bad = int(a.min()) if a.min() < 0 else int(a.max())
+        raise ValueError(f"--{name} {path}: node id {bad} outside [0, {n})")
+    return a.astype(np.int64)
+
+
+def _splits(args, labels, n: int) -> dict:
+    files = {name: getattr(args, name) for name in SPLIT_NAMES if getattr(args, name)}
+    if files and args.split:
+        raise ValueError("give --split or --train/--valid/--test files, not both")
+    if files:
+        out = {name: _split_file(path, name, n) for name, path in files.items()}
+        if args.labels:
+            for name, ids in out.items():
+                unlabelled = int((labels[ids] < 0).sum())
+                if unlabelled:
+                    raise ValueError(
+                        f"--{name} {files[name]}: {unlabelled} of its nodes have no label (-1)"
+                    )
+        return out
+    if args.split and not args.labels:
+        raise ValueError("--split needs --labels (it splits the labelled nodes)")
+    if args.labels:
+        fracs = parse_split(args.split) if args.split else DEFAULT_SPLIT
+        return random_split(labels, fracs, args.seed)
+    return {}
 
 
 def _load_npy(path, what):
@@ -59,6 +149,8 @@ def run(args: argparse.Namespace) -> int:
 
     progress = not args.no_progress
     out = Path(args.out)
+    if not args.edges and (args.split or any(getattr(args, k) for k in SPLIT_NAMES)):
+        raise ValueError("--split and --train/--valid/--test apply to --edges sources only")
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} exists and is not a directory")
     t0 = time.perf_counter()
@@ -89,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
                 topo,
                 feats,
                 labels,
-                {},
+                _splits(args, labels, n),
                 {
                     "name": Path(args.edges).stem,
                     "source": {"kind": "edge-list", "path": str(args.edges)},
@@ -106,6 +198,9 @@ def run(args: argparse.Namespace) -> int:
         f"{m['num_edges']:,} edges, {m['num_features']} features, {m['num_classes']} classes "
         f"({time.perf_counter() - t0:.1f} s)"
     )
+    sizes = m.get("split_sizes", {})
+    if sizes:
+        print("splits: " + ", ".join(f"{k} {v:,}" for k, v in sizes.items()))
     print(
         f"in-degree min {deg['min']} median {deg['median']:g} mean {deg['mean']:.1f} "
         f"p99 {deg['p99']:g} max {deg['max']}, isolated {100 * deg['isolated_share']:.2f}%"

@@ -27,6 +27,12 @@ def add_serve_options(p) -> None:
     p.add_argument("--max-request-nodes", type=int, default=1024, help="ids per request (1024)")
     p.add_argument("--sampler-workers", type=int, default=2, help="sampling threads (2)")
     p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=1 << 20,
+        help="largest request body; longer ones get 413 unread (1048576)",
+    )
+    p.add_argument(
         "--feature-cache",
         default="0",
         help="RAM for hot feature rows over the mmap file, e.g. 2G (0: load as is)",
@@ -34,6 +40,31 @@ def add_serve_options(p) -> None:
     p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible answers)")
     p.add_argument("--device", default=None, help="model device, e.g. cuda:0 (default cpu)")
     p.add_argument("--gpu-cache", default="4G", help="feature bytes cached on a GPU device (4G)")
+    p.add_argument(
+        "--model",
+        default=None,
+        metavar="PACKAGE.MODULE:FACTORY",
+        help="function (no arguments) building the torch_geometric module whose state_dict "
+        "--checkpoint holds; the current directory is importable",
+    )
+    p.add_argument(
+        "--fanouts",
+        default=None,
+        help="sampling fanouts, one per layer, e.g. 15,10,5; -1 = all neighbours "
+        "(default: the checkpoint's, else the manifest's)",
+    )
+    p.add_argument(
+        "--model-input",
+        choices=["edge_index", "adjs"],
+        default=None,
+        help="the model's forward: (x, edge_index) on the sampled subgraph, or torch-quiver's "
+        "(x, adjs) (default: from forward's signature)",
+    )
+    p.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="allow a --checkpoint saved with torch.save(model) (unpickling runs its code)",
+    )
 
 
 def serve_config(args):
@@ -48,7 +79,21 @@ def serve_config(args):
         num_sampler_workers=args.sampler_workers,
         shed_late=args.shed_late,
         fast_lane=args.fast_lane,
+        max_body_bytes=args.max_body_bytes,
     )
+
+
+def parse_fanouts(text: str | None):
+    """``"15,10,5"`` -> ``[15, 10, 5]``; None stays None."""
+    if text is None:
+        return None
+    try:
+        fanouts = [int(k) for k in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--fanouts must be comma-separated integers, got {text!r}") from None
+    if any(k == 0 or k < -1 for k in fanouts):
+        raise ValueError(f"--fanouts must be positive or -1 (all neighbours), got {text!r}")
+    return fanouts
 
 
 def server_from_args(args):
@@ -59,6 +104,10 @@ def server_from_args(args):
         args.dataset_dir,
         args.checkpoint,
         serve_config(args),
+        fanouts=parse_fanouts(args.fanouts),
+        model=args.model,
+        trust_pickle=args.trust_pickle,
+        convention=args.model_input,
         seed=args.seed,
         feature_cache=args.feature_cache if args.feature_cache != "0" else 0,
         device=args.device,
@@ -66,16 +115,53 @@ def server_from_args(args):
     )
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in [0, 65535], got {port}")
+    return port
+
+
+def check_listen(host: str, port: int) -> None:
+    """A one-line ``ValueError`` when ``host:port`` cannot be bound (checked before the start)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise ValueError(f"--host {host}: cannot resolve it ({e})") from None
+    family, kind, proto, _, addr = infos[0]
+    try:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(addr)
+    except OSError as e:
+        raise ValueError(
+            f"cannot listen on --host {host} --port {port}: {e.strerror or e}"
+        ) from None
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "serve",
         help="serve GNN predictions over HTTP (POST /v1/predict, /healthz, /metrics)",
-        description="Serves a `quiver train-model` checkpoint on a `quiver prepare` dataset.",
+        description=(
+            "Serves a model on a `quiver prepare` dataset: a state_dict with --model "
+            "package.module:factory, a torch.export archive, or a `quiver train-model` checkpoint."
+        ),
     )
     p.add_argument("dataset_dir", metavar="DATASET_DIR", help="a directory from `quiver prepare`")
-    p.add_argument("--checkpoint", required=True, help="a checkpoint from `quiver train-model`")
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a state_dict (with --model), a torch.export archive (.pt2), or a checkpoint from "
+        "`quiver train-model`",
+    )
     p.add_argument("--host", default="127.0.0.1", help="interface (127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (8000)")
+    p.add_argument("--port", type=_port, default=8000, help="TCP port (8000)")
     add_serve_options(p)
     p.set_defaults(func=run)
 
@@ -84,13 +170,15 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    check_listen(args.host, args.port)
     server = server_from_args(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
         server.start(args.host, args.port)
-    except OSError as e:
+    except (OSError, RuntimeError) as e:
+        server.stop()
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {e}") from None
     print(f"quiver serve: {server.info}")
     print(

@@ -1,6 +1,8 @@
 """HTTP API over an ``Engine`` (FastAPI): ``POST /v1/predict``, ``GET /healthz``, ``GET /metrics``.
 
-Every error is JSON ``{"error": message}``: 400 for malformed JSON, 422 for a body that is
+Every error is JSON ``{"error": message}``, counted in ``/metrics`` by status
+(``quiver_http_errors_total``): 400 for malformed JSON (nested too deeply included), 413 for a
+body past ``ServeConfig.max_body_bytes``, 415 for a non-JSON content type, 422 for a body that is
 valid JSON but names bad ids or fields, 429 when overloaded (queue full, queueing past the
 deadline budget, or an event loop running behind: ``quiver.serving.shed``), 503 while shutting
 down, 500 when a batch failed inside the server. The OpenAPI schema is served at ``/openapi.json``.
@@ -17,7 +19,7 @@ from pydantic import BaseModel, Field, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from quiver.serving.engine import Engine
-from quiver.serving.fastpath import PredictFastPath, answer
+from quiver.serving.fastpath import CountErrors, PredictFastPath, answer
 from quiver.serving.shed import LoopLagShedder
 
 
@@ -75,6 +77,8 @@ def create_app(engine: Engine) -> FastAPI:
     # added last = outermost: the shedder refuses before the fast path parses anything
     app.add_middleware(PredictFastPath, engine=engine)
     app.add_middleware(LoopLagShedder, max_lag_s=max_lag, on_reject=rejected.inc)
+    errors = engine.metrics.http_errors
+    app.add_middleware(CountErrors, on_error=lambda status: errors.labels(str(status)).inc())
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(request: Request, exc: RequestValidationError):

@@ -89,6 +89,10 @@ def validate_nodes(nodes, node_count: int, max_request_nodes: int) -> np.ndarray
     if isinstance(nodes, (list, tuple)) and any(isinstance(v, bool) for v in nodes):
         raise ValueError("node ids must be integers; got a boolean")
     arr = np.asarray(nodes)
+    if arr.dtype == np.uint64 or arr.dtype == object:  # ids past int64: name one, exactly
+        big = next((v for v in nodes if isinstance(v, int) and not 0 <= v < node_count), None)
+        if big is not None:
+            raise ValueError(f"node id {big} is out of range; ids are in [0, {node_count})")
     if arr.ndim != 1:
         raise ValueError("'nodes' must be a flat list of integer node ids")
     if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):

@@ -38,6 +38,9 @@ class ServeConfig:
             admitted requests keep the SLO. False: only ``queue_capacity`` bounds admission.
         fast_lane: an idle engine runs its next batch's stages back to back on one thread
             without the batch window (default True; ``Engine`` documents it).
+        max_body_bytes: largest ``POST /v1/predict`` body (default 1 MiB); a longer one is
+            answered 413 as soon as its ``content-length`` or its first bytes past the limit
+            arrive, without reading the rest.
     """
 
     max_request_nodes: int = 1024
@@ -51,9 +54,11 @@ class ServeConfig:
     torch_threads: int = 1
     shed_late: bool = True
     fast_lane: bool = True
+    max_body_bytes: int = 1 << 20
 
     def __post_init__(self):
         for name in (
+            "max_body_bytes",
             "max_request_nodes",
             "queue_capacity",
             "max_batch_nodes",

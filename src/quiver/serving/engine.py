@@ -74,7 +74,10 @@ class Engine:
             ``route(seeds) -> (path, psgs)`` (HybridSampler), the path labels the batch in
             the metrics.
         features: ``quiver.Feature`` or a tensor; ``features[n_id]`` gives ``(len(n_id), F)``.
-        model: a ``quiver.models.SampledGNN`` (put in eval mode here).
+        model: ``forward(x, adjs)`` for logits and ``forward_all(x, adjs)`` for
+            ``(embedding, logits)`` (a ``quiver.models.SampledGNN`` or a
+            ``quiver.usermodel.ServedModel``); any other ``forward(x, adjs)`` module is wrapped
+            in a ``ServedModel``, which finds its embeddings. Put in eval mode here.
         node_count: number of graph nodes (ids are validated against it).
         cfg: batching and threading config.
         psgs_table: optional per-node PSGS for the batcher's PSGS budget.
@@ -103,7 +106,12 @@ class Engine:
         self.cfg = cfg or ServeConfig()
         self.sampler = sampler
         self.features = features
+        if not callable(getattr(model, "forward_all", None)):
+            from quiver.usermodel import ServedModel
+
+            model = ServedModel(model, convention="adjs")
         self.model = model.eval()
+        self._has_embedding = bool(getattr(model, "has_embedding", True))
         first = next(model.parameters(), None)
         self._device = first.device if first is not None else torch.device("cpu")
         self.node_count = int(node_count)
@@ -211,6 +219,11 @@ class Engine:
         ``ShuttingDown``.
         """
         try:
+            if output == "embedding" and not self._has_embedding:
+                raise ValueError(
+                    "this model cannot give embeddings (no embed method and no message-passing "
+                    "layer to read); ask for 'class' or 'logits'"
+                )
             req = self.batcher.submit(nodes, output)
         except ValueError:
             self.metrics.rejected.labels("invalid").inc()

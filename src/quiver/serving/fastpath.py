@@ -6,8 +6,10 @@ routing, dependency solving and Starlette's middleware and exception wrappers, w
 starve the engine threads and delay every answer, 429s included. This middleware answers a
 well-formed prediction request itself: parse the JSON, check the shape, submit to the engine,
 write the response. Anything it does not recognise as well formed (bad JSON, a wrong type, an
-unexpected field, an oversized or non-JSON body) is handed, with the body it already read, to
+unexpected field, a body longer than ids need) is handed, with the body it already read, to
 the FastAPI app behind it, so every error keeps the one shape and message the app defines.
+It answers itself, without reading further, a non-JSON ``content-type`` (415), a body past
+``ServeConfig.max_body_bytes`` (413) and JSON nested too deeply for the parser (400).
 Under overload it refuses with 429 before parsing at all (so a malformed request may get 429
 rather than 4xx then): a refusal must cost much less than an answer, or shedding load adds load.
 """
@@ -74,12 +76,21 @@ def _finite(v):
     return v
 
 
+class TooDeep(ValueError):
+    """A JSON body nested beyond what the parser's recursion allows."""
+
+
 def parse(body: bytes) -> tuple[list[int], str] | None:
-    """``(nodes, output)`` of a well-formed request body; None when the full app must judge it."""
+    """``(nodes, output)`` of a well-formed request body; None when the full app must judge it.
+
+    Raises ``TooDeep`` for a body nested too deeply to parse (answered 400, never a 500).
+    """
     try:
         obj = json.loads(body)
     except ValueError:
         return None
+    except RecursionError:
+        raise TooDeep("malformed JSON: nested too deeply") from None
     if type(obj) is not dict or not obj.keys() <= _FIELDS:
         return None
     nodes, output = obj.get("nodes"), obj.get("output", "class")
@@ -101,20 +112,40 @@ class PredictFastPath:
         path: the prediction route.
         max_body_bytes: bodies longer than this go to the full app (default: room for
             ``engine.cfg.max_request_nodes`` ids of 20 digits).
+        limit_bytes: bodies longer than this are answered 413 without reading the rest
+            (default ``engine.cfg.max_body_bytes``).
+
+    A request whose ``content-type`` is not ``application/json`` is answered 415.
     """
 
-    def __init__(self, app, engine, path: str = "/v1/predict", max_body_bytes: int | None = None):
+    def __init__(
+        self,
+        app,
+        engine,
+        path: str = "/v1/predict",
+        max_body_bytes: int | None = None,
+        limit_bytes: int | None = None,
+    ):
         self.app = app
         self.engine = engine
         self.path = path
         self.max_body_bytes = max_body_bytes or 22 * engine.cfg.max_request_nodes + 1024
+        self.limit_bytes = limit_bytes or getattr(engine.cfg, "max_body_bytes", 1 << 20)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        if not _is_json(scope):
-            await self.app(scope, receive, send)
+        ctype = _header(scope, b"content-type")
+        if ctype is None or ctype.split(b";", 1)[0].strip().lower() != b"application/json":
+            got = "none" if ctype is None else repr(ctype.decode("latin-1"))
+            await _respond(
+                send, 415, {"error": f"header content-type must be application/json, got {got}"}
+            )
+            return
+        length = _header(scope, b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit_bytes:
+            await _respond(send, 413, self._too_large(int(length)))
             return
         chunks: list[bytes] = []
         size, more = 0, True
@@ -125,30 +156,62 @@ class PredictFastPath:
             chunks.append(msg.get("body", b""))
             size += len(chunks[-1])
             more = msg.get("more_body", False)
-            if more and size > self.max_body_bytes:
-                await self.app(scope, _replay(chunks, receive, more=True), send)
+            if size > self.limit_bytes:  # chunked or lying content-length: stop reading here
+                await _respond(send, 413, self._too_large(None))
                 return
         body = b"".join(chunks)
         why = self.engine.refusal()
         if why is not None:  # overloaded: refuse before paying for parsing and validation
             status, payload = 429, {"error": why}
         else:
-            parsed = parse(body) if size <= self.max_body_bytes else None
+            try:
+                parsed = parse(body) if size <= self.max_body_bytes else None
+            except TooDeep as e:
+                await _respond(send, 400, {"error": str(e)})
+                return
             if parsed is None:
                 await self.app(scope, _replay([body], receive, more=False), send)
                 return
             status, payload = await answer(self.engine, *parsed)
-        data = dumps(payload)
-        headers = [*_JSON_HEADERS, (b"content-length", b"%d" % len(data))]
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": data})
+        await _respond(send, status, payload)
+
+    def _too_large(self, length: int | None) -> dict:
+        got = f"{length} bytes" if length is not None else "more"
+        return {"error": f"request body too large: {got}; at most {self.limit_bytes} bytes"}
 
 
-def _is_json(scope) -> bool:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-type":
-            return value.split(b";", 1)[0].strip().lower() == b"application/json"
-    return False
+async def _respond(send, status: int, payload: dict) -> None:
+    data = dumps(payload)
+    headers = [*_JSON_HEADERS, (b"content-length", b"%d" % len(data))]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _header(scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value
+    return None
+
+
+class CountErrors:
+    """ASGI middleware counting every 4xx/5xx response by status (``on_error(status)``)."""
+
+    def __init__(self, app, on_error):
+        self.app = app
+        self.on_error = on_error
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def counted(msg):
+            if msg["type"] == "http.response.start" and msg["status"] >= 400:
+                self.on_error(msg["status"])
+            await send(msg)
+
+        await self.app(scope, receive, counted)
 
 
 def _replay(chunks: list[bytes], receive, more: bool):

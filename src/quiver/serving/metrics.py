@@ -103,6 +103,12 @@ class EngineMetrics:
             ["path", "closed_by"],
             registry=r,
         )
+        self.http_errors = Counter(
+            "quiver_http_errors",
+            "HTTP error responses (4xx/5xx) by status code, on every route",
+            ["status"],
+            registry=r,
+        )
         self.restarts = Counter(
             "quiver_thread_restarts",
             "Serving threads restarted after dying, by stage",

@@ -45,14 +45,20 @@ class Server:
         device=None,
         gpu_cache: str | int = "4G",
         sampler_threads: int | None = None,
+        model: str | None = None,
+        trust_pickle: bool = False,
+        convention: str | None = None,
     ) -> Server:
-        """Build a server for a prepared dataset and a ``quiver train-model`` checkpoint.
+        """Build a server for a prepared dataset and a model.
 
         Args:
             dataset_dir: a directory written by ``quiver prepare``.
-            checkpoint: a checkpoint written by ``quiver train-model``.
+            checkpoint: a ``state_dict`` file for the module ``model`` builds, a
+                ``torch.export`` archive, a ``quiver train-model`` checkpoint, or (with
+                ``trust_pickle``) a module saved whole (see ``quiver.usermodel``).
             cfg: serving config (defaults: ``ServeConfig()``).
-            fanouts: sampling fanouts; default the checkpoint's (they match its layers).
+            fanouts: sampling fanouts, one per layer; default the checkpoint's, else the
+                manifest's.
             seed: sampling seed (fix it for reproducible answers).
             feature_cache: bytes of hot feature rows kept in RAM (FAP order) when the features
                 are served from the memory-mapped file; 0 keeps all rows as loaded.
@@ -65,31 +71,54 @@ class Server:
             sampler_threads: threads one CPU sampling call may use for a large hop (default:
                 all cores). 1 leaves parallelism to the ``num_sampler_workers`` batches in
                 flight and avoids waking an idle core per request.
+            model: ``package.module:function`` that builds the module a ``state_dict``
+                checkpoint is for (called without arguments).
+            trust_pickle: allow a checkpoint that unpickles arbitrary objects.
+            convention: the model's input, ``"edge_index"`` or ``"adjs"`` (default: from its
+                ``forward`` signature).
         """
         import torch
 
         from quiver.datasets import load_prepared
-        from quiver.models import load_checkpoint
         from quiver.pyg import GraphSageSampler
+        from quiver.usermodel import load_served_model
 
+        if device is not None:
+            try:
+                device = torch.device(device)
+            except RuntimeError as e:
+                raise ValueError(f"--device {device!s}: {str(e).splitlines()[0]}") from None
+            if device.type not in ("cpu", "cuda"):
+                raise ValueError(f"--device {device}: only cpu and cuda devices are supported")
+        device = device if device is not None else torch.device("cpu")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"--device {device} requested but CUDA is not available")
         ds = load_prepared(dataset_dir)
-        model, ckpt = load_checkpoint(checkpoint)
-        fanouts = list(fanouts or ckpt.get("fanouts") or ds.manifest.get("fanouts"))
-        if len(fanouts) != model.cfg.num_layers:
+        if ds.features.shape[0] != ds.num_nodes:
             raise ValueError(
-                f"{len(fanouts)} fanouts given but the checkpoint's model has "
-                f"{model.cfg.num_layers} layers"
+                f"{Path(dataset_dir) / 'features.npy'} has {ds.features.shape[0]} rows but the "
+                f"graph has {ds.num_nodes} nodes"
             )
-        if model.cfg.in_dim != ds.features.shape[1]:
+        net, minfo = load_served_model(checkpoint, model, trust_pickle, convention)
+        fanouts = [int(k) for k in (fanouts or minfo["fanouts"] or ds.manifest.get("fanouts"))]
+        if any(k == 0 or k < -1 for k in fanouts):
+            raise ValueError(f"--fanouts must be positive or -1 (all neighbours), got {fanouts}")
+        if minfo["num_layers"] and len(fanouts) != minfo["num_layers"]:
             raise ValueError(
-                f"checkpoint expects {model.cfg.in_dim} features per node; the dataset has "
+                f"{len(fanouts)} fanouts {fanouts} but the model has {minfo['num_layers']} "
+                "message-passing layers; give one per layer with --fanouts"
+            )
+        in_dim = minfo.get("in_dim")
+        if in_dim is not None and in_dim != ds.features.shape[1]:
+            raise ValueError(
+                f"checkpoint expects {in_dim} features per node; the dataset has "
                 f"{ds.features.shape[1]}"
             )
+        # extra hops (degree-normalised models, see quiver.usermodel) sample at the outer fanout
+        sizes = fanouts + fanouts[-1:] * minfo["extra_hops"]
+        frontier = minfo["frontier"]
         cfg = cfg or ServeConfig()
-        device = torch.device(device) if device is not None else torch.device("cpu")
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {device} requested but CUDA is not available")
-        model.to(device)
+        net.to(device)
         features = ds.features
         if device.type == "cuda":
             from quiver.feature import Feature
@@ -109,11 +138,18 @@ class Server:
         if hybrid and torch.cuda.is_available() and calib:
             from quiver.hybrid import HybridSampler
 
-            sampler = HybridSampler(ds.topo, fanouts, threshold=calib["threshold"], seed=seed)
+            sampler = HybridSampler(
+                ds.topo, sizes, threshold=calib["threshold"], seed=seed, frontier=frontier
+            )
             path_info = f"hybrid CPU/GPU sampling, PSGS threshold {calib['threshold']:.0f}"
         if sampler is None:
             sampler = GraphSageSampler(
-                ds.topo, fanouts, mode="CPU", seed=seed, num_threads=sampler_threads
+                ds.topo,
+                sizes,
+                mode="CPU",
+                seed=seed,
+                num_threads=sampler_threads,
+                frontier=frontier,
             )
             if hybrid and not torch.cuda.is_available():
                 path_info += "; no CUDA device, so no GPU path"
@@ -121,19 +157,29 @@ class Server:
         if cfg.max_batch_psgs is not None:
             from quiver.workload import psgs
 
-            psgs_table = psgs(ds.topo, fanouts).numpy()
-        engine = Engine(sampler, features, model, ds.num_nodes, cfg, psgs_table=psgs_table)
+            psgs_table = psgs(ds.topo, sizes, frontier=frontier).numpy()
+        engine = Engine(sampler, features, net, ds.num_nodes, cfg, psgs_table=psgs_table)
         name = ds.manifest.get("name", Path(dataset_dir).name)
+        extra = f" (+{minfo['extra_hops']} degree hop)" if minfo["extra_hops"] else ""
         info = (
             f"{name}: {ds.num_nodes:,} nodes, {ds.topo.edge_count:,} edges; "
-            f"{model.cfg.kind} x{model.cfg.num_layers} fanouts {fanouts}; {path_info}; "
-            f"model on {device}"
+            f"{minfo['kind']}, input {minfo['convention']}, fanouts {fanouts}{extra}; "
+            f"{path_info}; model on {device}"
         )
         return cls(engine, info)
 
     def start(self, host: str = "127.0.0.1", port: int | None = None) -> Server:
-        """Warm up, start the engine; with ``port`` (0 = any free one) also serve HTTP."""
-        self.engine.warmup()
+        """Warm up, start the engine; with ``port`` (0 = any free one) also serve HTTP.
+
+        Raises ``ValueError`` (one line) when the model fails on its first sampled subgraph.
+        """
+        try:
+            self.engine.warmup()
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ValueError(
+                f"the model failed on a sampled subgraph at start-up: {type(e).__name__}: {first}"
+            ) from None
         self.engine.start()
         if port is not None and self.http is None:
             from quiver.serving.app import create_app

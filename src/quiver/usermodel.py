@@ -1,0 +1,476 @@
+"""Serve the user's own PyG model: load it, and adapt its forward to the engine's ``(x, adjs)``.
+
+The engine calls ``model(x, adjs)`` for logits and ``model.forward_all(x, adjs)`` for
+``(embedding, logits)``, with ``adjs`` as the sampler returns them (outermost hop first, see
+``quiver.sampling.Adj``). :class:`ServedModel` gives any ``torch.nn.Module`` that interface, for
+both PyG conventions:
+
+* ``"edge_index"``: ``forward(x, edge_index)`` on the sampled subgraph, as PyG's
+  ``NeighborLoader`` feeds it: nodes ordered by hop (seeds first), edges ordered by hop (the
+  seeds' in-edges first). The sampler must then expand only each hop's new nodes
+  (``frontier=True``); :attr:`ServedModel.frontier` says so. When ``forward`` accepts
+  ``num_sampled_nodes_per_hop`` and ``num_sampled_edges_per_hop`` they are passed, so PyG's
+  ``trim_to_layer`` (``torch_geometric.nn.models.basic_gnn``) drops at layer ``i`` the ``i``
+  outermost hops, which no later layer needs.
+* ``"adjs"``: torch-quiver's and PyG's legacy ``forward(x, adjs)``, fed unchanged.
+
+Degree-normalised layers (``GCNConv`` and its kin) weigh the edge ``u -> v`` by
+``1 / sqrt(deg(u) deg(v))``, counted in the graph the layer sees. On a sampled subgraph the
+outermost hop's nodes have no in-edges, so their degree would be 1 (the self-loop) whatever the
+graph says. For such models one extra hop is sampled (:attr:`ServedModel.extra_hops`, at the
+outermost fanout): every node whose degree enters a seed's output then has its sampled
+in-edges. The normalisation of the sampled path is therefore the symmetric one with each
+node's *sampled* in-degree (``min(deg, fanout)`` of its hop, plus the self-loop); with
+all-neighbour fanouts (``-1``) that is the true degree, and the seeds' outputs equal the
+module's on the full graph.
+
+Embeddings (``output: "embedding"``) are the input of the last message-passing layer, caught by
+a forward pre-hook on the last top-level ``MessagePassing`` module that runs, or the result of
+the model's own ``embed`` method when it has one (called like ``forward``).
+
+Loading (:func:`load_served_model`): a ``state_dict`` for the module a user factory builds
+(``package.module:function``), a ``torch.export`` archive (``torch.export.save``), a Quiver
+checkpoint from ``quiver train-model``, or (only with ``trust_pickle=True``) a module pickled
+whole by ``torch.save(model)``. Every problem is one ``ValueError``/``FileNotFoundError`` line
+naming the file or the option.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pickle
+import sys
+import zipfile
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "CONVENTIONS",
+    "DEGREE_NORMALISED",
+    "ServedModel",
+    "import_factory",
+    "load_served_model",
+    "message_passing_layers",
+]
+
+CONVENTIONS = ("edge_index", "adjs")
+
+#: ``torch_geometric.nn`` layers that normalise by degrees counted in the graph they see
+#: (``gcn_norm``); with ``normalize=False`` (where the layer has the flag) they do not.
+DEGREE_NORMALISED = (
+    "GCNConv",
+    "SGConv",
+    "SSGConv",
+    "TAGConv",
+    "GCN2Conv",
+    "APPNP",
+    "ARMAConv",
+    "ChebConv",
+    "ClusterGCNConv",
+    "LGConv",
+    "FAConv",
+    "MixHopConv",
+)
+
+_COUNT_KWARGS = ("num_sampled_nodes_per_hop", "num_sampled_edges_per_hop")
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def message_passing_layers(module: nn.Module) -> list[nn.Module]:
+    """The top-level ``MessagePassing`` modules of ``module`` (none nested in another)."""
+    try:
+        from torch_geometric.nn import MessagePassing
+    except ImportError:  # pragma: no cover - torch_geometric is a dependency
+        return []
+    found: list[nn.Module] = []
+
+    def walk(m: nn.Module):
+        for child in m.children():
+            if isinstance(child, MessagePassing):
+                found.append(child)
+            else:
+                walk(child)
+
+    if isinstance(module, MessagePassing):
+        return [module]
+    walk(module)
+    return found
+
+
+def _needs_degrees(module: nn.Module) -> bool:
+    for m in module.modules():
+        if type(m).__name__ in DEGREE_NORMALISED and getattr(m, "normalize", True):
+            return True
+    return False
+
+
+def _convention_of(module: nn.Module) -> str:
+    """``"adjs"`` when ``forward``'s second parameter is named like a list of hops."""
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return "edge_index"
+    if len(params) >= 2 and params[1].name in ("adjs", "adj", "blocks", "adjs_t"):
+        return "adjs"
+    return "edge_index"
+
+
+def _accepts_counts(module: nn.Module) -> bool:
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(k in params for k in _COUNT_KWARGS)
+
+
+class ServedModel(nn.Module):
+    """Give a PyG module the engine's ``forward(x, adjs)`` / ``forward_all(x, adjs)``.
+
+    Args:
+        module: the user's ``nn.Module`` (or a ``torch.export`` program's ``.module()``).
+        convention: ``"edge_index"`` (``forward(x, edge_index)``) or ``"adjs"``
+            (``forward(x, adjs)``); default: ``"adjs"`` when ``forward``'s second parameter is
+            called ``adjs``, else ``"edge_index"``.
+        extra_hops: hops sampled beyond the model's layers (``edge_index`` only); default 1 for
+            models with a degree-normalised layer (see the module docstring), else 0.
+        pass_counts: pass ``num_sampled_nodes_per_hop``/``num_sampled_edges_per_hop`` (default:
+            when ``forward`` accepts both; ``edge_index`` only).
+        embeddable: whether embeddings can be served (default: the model has ``embed`` or a
+            ``MessagePassing`` layer); when False, :attr:`has_embedding` is False and the
+            engine refuses ``output: "embedding"`` with a 422.
+        source: a short description for messages (e.g. the factory spec).
+
+    Attributes:
+        frontier: the sampler must expand only each hop's new nodes (``edge_index``).
+        num_layers: the number of top-level message-passing layers (0 when unknown).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        convention: str | None = None,
+        extra_hops: int | None = None,
+        pass_counts: bool | None = None,
+        embeddable: bool | None = None,
+        source: str = "",
+    ):
+        super().__init__()
+        convention = convention or _convention_of(module)
+        if convention not in CONVENTIONS:
+            raise ValueError(
+                f"model input convention must be one of {CONVENTIONS}, got {convention!r}"
+            )
+        self.module = module
+        self.convention = convention
+        self.source = source or type(module).__name__
+        self.frontier = convention == "edge_index"
+        if extra_hops is None:
+            extra_hops = 1 if (self.frontier and _needs_degrees(module)) else 0
+        if extra_hops and not self.frontier:
+            raise ValueError("extra hops need the edge_index convention")
+        self.extra_hops = int(extra_hops)
+        self.pass_counts = (
+            _accepts_counts(module) if pass_counts is None else bool(pass_counts)
+        ) and self.frontier
+        self._layers = message_passing_layers(module)
+        self.num_layers = len(self._layers)
+        self._embed = getattr(module, "embed", None)
+        if not callable(self._embed):
+            self._embed = None
+        if embeddable is None:
+            embeddable = self._embed is not None or bool(self._layers)
+        self.has_embedding = bool(embeddable)
+        self._catch = False
+        self._caught: Tensor | None = None
+        for layer in self._layers:
+            layer.register_forward_pre_hook(self._catch_input, with_kwargs=True)
+
+    def _catch_input(self, layer, args, kwargs):
+        if self._catch:
+            x = args[0] if args else kwargs.get("x")
+            if isinstance(x, (tuple, list)):  # bipartite (x_src, x_dst): the targets' rows
+                x = x[1] if x[1] is not None else x[0]
+            self._caught = x
+        return None
+
+    def train(self, mode: bool = True) -> ServedModel:
+        """``nn.Module.train``; a ``torch.export`` module (no train/eval switch) is left as is."""
+        self.training = mode
+        try:
+            self.module.train(mode)
+        except NotImplementedError:  # torch.export's module: its mode was fixed when exported
+            pass
+        return self
+
+    # ---- inputs ------------------------------------------------------------------------------
+    def _inputs(self, x: Tensor, adjs) -> tuple[tuple, dict, int]:
+        """``(args, kwargs, batch_size)`` for the module's forward."""
+        batch_size = int(adjs[-1][2][1]) if adjs else x.shape[0]
+        if self.convention == "adjs":
+            return (x, adjs), {}, batch_size
+        hops = list(reversed(adjs))  # innermost (the seeds' in-edges) first, as NeighborLoader
+        edge_index = (
+            torch.cat([h[0] for h in hops], dim=1)
+            if hops
+            else torch.empty(2, 0, dtype=torch.long, device=x.device)
+        )
+        kwargs = {}
+        if self.pass_counts:
+            totals = [batch_size] + [int(h[2][0]) for h in hops]
+            kwargs = {
+                "num_sampled_nodes_per_hop": [totals[0]]
+                + [b - a for a, b in zip(totals[:-1], totals[1:])],
+                "num_sampled_edges_per_hop": [int(h[0].shape[1]) for h in hops],
+            }
+        return (x, edge_index), kwargs, batch_size
+
+    # ---- engine interface --------------------------------------------------------------------
+    def forward(self, x: Tensor, adjs) -> Tensor:
+        """Logits of the seeds: ``(batch_size, out_dim)``."""
+        args, kwargs, batch_size = self._inputs(x, adjs)
+        return self.module(*args, **kwargs)[:batch_size]
+
+    def forward_all(self, x: Tensor, adjs) -> tuple[Tensor, Tensor]:
+        """``(embedding (B, hidden), logits (B, out_dim))`` of the seeds."""
+        if not self.has_embedding:
+            raise ValueError(f"{self.source} cannot give embeddings (no embed method, no layers)")
+        args, kwargs, batch_size = self._inputs(x, adjs)
+        if self._embed is not None:
+            emb = self._embed(*args, **kwargs)
+            return emb[:batch_size], self.module(*args, **kwargs)[:batch_size]
+        self._catch, self._caught = True, None
+        try:
+            logits = self.module(*args, **kwargs)
+        finally:
+            self._catch = False
+        emb, self._caught = self._caught, None
+        if emb is None:
+            raise ValueError(f"{self.source}: no message-passing layer ran, so no embedding")
+        return emb[:batch_size], logits[:batch_size]
+
+
+# ---- loading ---------------------------------------------------------------------------------
+def import_factory(spec: str):
+    """The callable named by ``package.module:function`` (the current directory importable)."""
+    mod_name, sep, attr = spec.partition(":")
+    if not sep or not mod_name or not attr:
+        raise ValueError(f"--model must look like package.module:function, got {spec!r}")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as e:
+        raise ValueError(f"--model {spec}: cannot import {mod_name} ({_one_line(e)})") from None
+    obj = mod
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ValueError(f"--model {spec}: module {mod_name} has no attribute {attr!r}")
+    if not callable(obj):
+        raise ValueError(f"--model {spec}: {attr} is not callable")
+    return obj
+
+
+def _build(spec: str) -> nn.Module:
+    factory = import_factory(spec)
+    try:
+        module = factory()
+    except Exception as e:
+        raise ValueError(f"--model {spec}: calling the factory failed ({_one_line(e)})") from None
+    if not isinstance(module, nn.Module):
+        raise ValueError(
+            f"--model {spec}: the factory returned {type(module).__name__}, not a torch.nn.Module"
+        )
+    return module
+
+
+def _fit_state_dict(module: nn.Module, state: dict, path: str, what: str) -> None:
+    """``load_state_dict(strict=True)``, with a one-line account of what does not fit."""
+    own = module.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [
+        f"{k} {list(state[k].shape)} vs {list(own[k].shape)}"
+        for k in own
+        if k in state and isinstance(state[k], Tensor) and state[k].shape != own[k].shape
+    ]
+
+    def few(items):
+        return ", ".join(items[:3]) + (f" (+{len(items) - 3} more)" if len(items) > 3 else "")
+
+    parts = []
+    if missing:
+        parts.append(f"missing keys {few(missing)}")
+    if unexpected:
+        parts.append(f"unexpected keys {few(unexpected)}")
+    if shapes:
+        parts.append(f"shape mismatch (checkpoint vs module) {few(shapes)}")
+    if parts:
+        raise ValueError(f"--checkpoint {path} does not fit {what}: " + "; ".join(parts))
+    try:
+        module.load_state_dict(state)
+    except Exception as e:
+        raise ValueError(f"--checkpoint {path}: load_state_dict failed ({_one_line(e)})") from None
+
+
+def _is_export_archive(path: Path) -> bool:
+    """A ``torch.export.save`` archive: a zip without the ``data.pkl`` of ``torch.save``."""
+    if not zipfile.is_zipfile(path):
+        return False
+    with zipfile.ZipFile(path) as z:
+        names = z.namelist()
+    return not any(n.endswith("data.pkl") for n in names) and any(
+        n.endswith(".json") for n in names
+    )
+
+
+def _is_state_dict(obj) -> bool:
+    return isinstance(obj, dict) and bool(obj) and all(isinstance(v, Tensor) for v in obj.values())
+
+
+def load_served_model(
+    checkpoint,
+    model: str | None = None,
+    trust_pickle: bool = False,
+    convention: str | None = None,
+    map_location="cpu",
+) -> tuple[nn.Module, dict]:
+    """Load what ``quiver serve --checkpoint FILE [--model SPEC]`` names, ready for the engine.
+
+    Args:
+        checkpoint: a ``state_dict`` file (with ``model``), a ``torch.export`` archive, a
+            Quiver checkpoint (``quiver train-model``), or a whole pickled module (with
+            ``trust_pickle``).
+        model: ``package.module:function`` building the module the ``state_dict`` is for
+            (called with no arguments; the current directory is importable).
+        trust_pickle: allow unpickling arbitrary objects (runs code from the file).
+        convention: ``"edge_index"`` or ``"adjs"`` (default: from ``forward``'s signature;
+            ``torch.export`` archives are ``edge_index``).
+        map_location: ``torch.load``'s.
+
+    Returns:
+        ``(model, info)``: the model has ``forward(x, adjs)`` and ``forward_all(x, adjs)``
+        (a :class:`ServedModel`, or a Quiver ``SampledGNN``); ``info`` holds ``kind`` (a
+        description), ``fanouts`` (the checkpoint's, or None) and ``frontier``/``extra_hops``
+        (how to sample for it).
+
+    Raises:
+        FileNotFoundError: the checkpoint does not exist.
+        ValueError: anything else that is wrong, in one line naming the file or option.
+    """
+    path = Path(checkpoint)
+    if not path.exists():
+        raise FileNotFoundError(f"--checkpoint {path}: no such file")
+    if path.is_dir():
+        raise ValueError(f"--checkpoint {path} is a directory, expected a file")
+    if _is_export_archive(path):
+        if model:
+            raise ValueError(
+                f"--checkpoint {path} is a torch.export archive, which holds its own module; "
+                "drop --model"
+            )
+        try:
+            program = torch.export.load(str(path))
+        except Exception as e:
+            raise ValueError(
+                f"--checkpoint {path}: cannot load the torch.export archive ({_one_line(e)})"
+            ) from None
+        served = ServedModel(
+            program.module(),
+            convention or "edge_index",
+            pass_counts=False,
+            embeddable=False,
+            source=f"the torch.export archive {path.name}",
+        )
+        return served, _info(served, f"torch.export {path.name}", None)
+    try:
+        obj = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "GLOBAL" not in str(e):  # not a pickled class: random bytes, a bad opcode
+            raise ValueError(
+                f"--checkpoint {path} is not a PyTorch checkpoint ({_one_line(e)})"
+            ) from None
+        if not trust_pickle:
+            raise ValueError(
+                f"--checkpoint {path} holds pickled Python objects (e.g. torch.save(model)); "
+                "loading it runs code from the file: pass --trust-pickle if you trust it, or "
+                "save model.state_dict() and pass --model package.module:factory"
+            ) from None
+        try:
+            obj = torch.load(path, map_location=map_location, weights_only=False)
+        except Exception as e:
+            raise ValueError(f"--checkpoint {path}: cannot unpickle ({_one_line(e)})") from None
+    except Exception as e:  # random bytes, a truncated zip, an empty file
+        raise ValueError(
+            f"--checkpoint {path} is not a PyTorch checkpoint ({_one_line(e)})"
+        ) from None
+
+    if isinstance(obj, nn.Module):
+        if model:
+            raise ValueError(f"--checkpoint {path} holds a whole module; drop --model")
+        served = ServedModel(obj.to(map_location).eval(), convention, source=type(obj).__name__)
+        return served, _info(served, f"pickled {type(obj).__name__}", None)
+    if isinstance(obj, dict) and "config" in obj and "state_dict" in obj and not model:
+        return _quiver_checkpoint(path, obj)
+    state = obj
+    if isinstance(obj, dict) and not _is_state_dict(obj):
+        for key in ("state_dict", "model_state_dict", "model"):
+            if _is_state_dict(obj.get(key)):
+                state = obj[key]
+                break
+    if not _is_state_dict(state):
+        raise ValueError(
+            f"--checkpoint {path} holds neither a state_dict nor a Quiver checkpoint "
+            f"(a {type(obj).__name__})"
+        )
+    if not model:
+        raise ValueError(
+            f"--checkpoint {path} holds a state_dict: pass --model package.module:factory naming "
+            "the function that builds its module"
+        )
+    module = _build(model)
+    _fit_state_dict(module, state, str(path), f"the module --model {model} builds")
+    module.to(map_location).eval()
+    served = ServedModel(module, convention, source=model)
+    fanouts = obj.get("fanouts") if isinstance(obj, dict) and state is not obj else None
+    return served, _info(served, f"{model} ({type(module).__name__})", fanouts)
+
+
+def _info(served: ServedModel, kind: str, fanouts) -> dict:
+    return {
+        "kind": kind,
+        "fanouts": list(fanouts) if fanouts else None,
+        "frontier": served.frontier,
+        "extra_hops": served.extra_hops,
+        "num_layers": served.num_layers,
+        "convention": served.convention,
+    }
+
+
+def _quiver_checkpoint(path: Path, ckpt: dict) -> tuple[nn.Module, dict]:
+    from quiver.models import ModelConfig, build_model
+
+    try:
+        cfg = ModelConfig(**ckpt["config"])
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--checkpoint {path}: bad model config ({_one_line(e)})") from None
+    model = build_model(cfg)
+    _fit_state_dict(model, ckpt["state_dict"], str(path), f"its {cfg.kind} model config")
+    model.eval()
+    info = {
+        "kind": f"{cfg.kind} x{cfg.num_layers}",
+        "fanouts": list(ckpt["fanouts"]) if ckpt.get("fanouts") else None,
+        "frontier": False,
+        "extra_hops": 0,
+        "num_layers": cfg.num_layers,
+        "convention": "adjs",
+        "in_dim": cfg.in_dim,
+    }
+    return model, info

@@ -1,0 +1,291 @@
+"""The user's own PyG models served: state_dict + factory, torch.export, legacy ``(x, adjs)``.
+
+Served logits equal the same module run offline on the same sampled subgraph, and with
+all-neighbour fanouts the module on the full graph (GCN included, through its extra hop).
+"""
+
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from quiver import CSRTopo
+from quiver.datasets import save_prepared
+from quiver.pyg import GraphSageSampler
+from quiver.serving import ServeConfig
+from quiver.serving.engine import Engine
+from quiver.serving.server import Server
+from quiver.usermodel import ServedModel, load_served_model
+
+DIM, CLASSES, N = 8, 4, 150
+
+FACTORIES = '''
+import torch
+from torch import nn
+from torch_geometric.nn import GAT, GCN, GIN, GraphSAGE, MessagePassing, SAGEConv
+
+DIM, CLASSES = 8, 4
+
+
+def sage():
+    return GraphSAGE(DIM, 16, 2, CLASSES)
+
+
+def gcn():
+    return GCN(DIM, 16, 2, CLASSES)
+
+
+def gat():
+    return GAT(DIM, 16, 2, CLASSES, heads=2)
+
+
+def gin():
+    return GIN(DIM, 16, 2, CLASSES)
+
+
+class MeanConv(MessagePassing):
+    """A user-written layer: mean of neighbours, its own linear maps."""
+
+    def __init__(self, d_in, d_out):
+        super().__init__(aggr="mean")
+        self.lin = nn.Linear(d_in, d_out)
+        self.root = nn.Linear(d_in, d_out)
+
+    def forward(self, x, edge_index):
+        return self.lin(self.propagate(edge_index, x=x)) + self.root(x)
+
+    def message(self, x_j):
+        return x_j
+
+
+class UserNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = MeanConv(DIM, 16)
+        self.conv2 = MeanConv(16, CLASSES)
+
+    def forward(self, x, edge_index):
+        return self.conv2(torch.relu(self.conv1(x, edge_index)), edge_index)
+
+
+def user():
+    return UserNet()
+
+
+class LegacySAGE(nn.Module):
+    """torch-quiver's example model: forward(x, adjs) over bipartite hops."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.ModuleList([SAGEConv(DIM, 16), SAGEConv(16, CLASSES)])
+
+    def forward(self, x, adjs):
+        for i, (edge_index, _, size) in enumerate(adjs):
+            x = self.convs[i]((x, x[: size[1]]), edge_index)
+            if i != len(self.convs) - 1:
+                x = torch.relu(x)
+        return x
+
+    def full(self, x, edge_index):
+        return self.convs[1](torch.relu(self.convs[0](x, edge_index)), edge_index)
+
+
+def legacy():
+    return LegacySAGE()
+
+
+def broken():
+    raise RuntimeError("factory exploded")
+'''
+
+EDGE_INDEX_MODELS = ["sage", "gcn", "gat", "gin", "user"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A prepared dataset (in-degrees above the sampled fanouts) and the factory module."""
+    d = tmp_path_factory.mktemp("usermodel")
+    (d / "quiver_test_factories.py").write_text(textwrap.dedent(FACTORIES))
+    sys.path.insert(0, str(d))
+    import quiver_test_factories as fac
+
+    rng = np.random.default_rng(0)
+    dst = rng.integers(0, N, 1200)
+    src = rng.integers(0, N, 1200)
+    ei = np.unique(np.stack([src, dst]), axis=1)
+    ei = ei[:, ei[0] != ei[1]]
+    topo = CSRTopo.from_edge_index(torch.from_numpy(ei), num_nodes=N)
+    torch.manual_seed(0)
+    x = torch.randn(N, DIM)
+    labels = rng.integers(0, CLASSES, N)
+    data = d / "data"
+    save_prepared(data, topo, x, labels, {}, {"name": "usermodel", "fanouts": [3, 2]})
+    ckpts = {}
+    modules = {}
+    for name in EDGE_INDEX_MODELS + ["legacy"]:
+        torch.manual_seed(1)
+        m = getattr(fac, name)().eval()
+        ckpts[name] = d / f"{name}.pt"
+        torch.save(m.state_dict(), ckpts[name])
+        modules[name] = m
+    yield {
+        "dir": d,
+        "data": data,
+        "x": x,
+        "edge_index": torch.from_numpy(ei),
+        "ckpts": ckpts,
+        "modules": modules,
+        "fac": fac,
+    }
+    sys.path.remove(str(d))
+
+
+def _serve(world, name, fanouts, **kw):
+    return Server.from_dataset(
+        world["data"],
+        world["ckpts"][name],
+        ServeConfig(max_wait_ms=0.5),
+        fanouts=fanouts,
+        seed=0,
+        model=f"quiver_test_factories:{name}",
+        **kw,
+    )
+
+
+NODES = [0, 5, 17, 42, 99, 149, 5]
+
+
+def _edge_index_of(adjs):
+    """The sampled subgraph as NeighborLoader gives it: hops innermost first."""
+    return torch.cat([a[0] for a in reversed(adjs)], dim=1)
+
+
+@pytest.mark.parametrize("name", EDGE_INDEX_MODELS)
+def test_full_fanouts_equal_the_module_on_the_full_graph(world, name):
+    module = world["modules"][name]
+    server = _serve(world, name, [-1, -1])
+    with server:
+        res = server.predict(NODES, "logits")
+    with torch.inference_mode():
+        full = module(world["x"], world["edge_index"])[NODES].numpy()
+    diff = float(np.abs(res.values - full).max())
+    assert diff <= 1e-4, f"{name}: served vs full graph differ by {diff}"
+
+
+@pytest.mark.parametrize("name", EDGE_INDEX_MODELS)
+def test_sampled_logits_equal_the_module_on_the_same_subgraph(world, name):
+    module = world["modules"][name]
+    server = _serve(world, name, [3, 2])
+    server.engine.record = True
+    with server:
+        res = server.predict(NODES, "logits")
+    seeds, n_id, adjs = server.engine.recorded[-1]
+    with torch.inference_mode():
+        # plain PyG call on the whole subgraph (no trim_to_layer): the seeds' rows must agree
+        offline = module(world["x"][n_id], _edge_index_of(adjs))[: len(seeds)]
+    row = {int(s): i for i, s in enumerate(seeds)}
+    expect = offline.numpy()[[row[v] for v in NODES]]
+    diff = float(np.abs(res.values - expect).max())
+    assert diff <= 1e-5, f"{name}: served vs offline on the same subgraph differ by {diff}"
+
+
+def test_gcn_samples_one_extra_hop_for_its_degrees(world):
+    served, info = load_served_model(
+        world["ckpts"]["gcn"], "quiver_test_factories:gcn", convention=None
+    )
+    assert info["extra_hops"] == 1 and info["frontier"]
+    module = world["modules"]["gcn"]
+    topo = CSRTopo.from_edge_index(world["edge_index"], num_nodes=N)
+    seeds = torch.tensor([0, 5, 17])
+    with torch.inference_mode():
+        full = module(world["x"], world["edge_index"])[seeds]
+        outs = {}
+        for extra in (0, 1):
+            s = ServedModel(module, extra_hops=extra)
+            n_id, _, adjs = GraphSageSampler(topo, [-1] * (2 + extra), frontier=True).sample(seeds)
+            outs[extra] = s(world["x"][n_id], adjs)
+    assert (outs[1] - full).abs().max() <= 1e-5
+    # without it the outer hop's degrees are 1 and the logits are visibly off
+    assert (outs[0] - full).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("name", ["sage", "gat", "user"])
+def test_embedding_is_the_input_of_the_last_layer(world, name):
+    module = world["modules"][name]
+    last = module.convs[-1] if hasattr(module, "convs") else module.conv2
+    caught = []
+    handle = last.register_forward_pre_hook(lambda m, a: caught.append(a[0]))
+    try:
+        with torch.inference_mode():
+            module(world["x"], world["edge_index"])
+    finally:
+        handle.remove()
+    server = _serve(world, name, [-1, -1])
+    with server:
+        res = server.predict(NODES, "embedding")
+    assert res.values.shape == (len(NODES), 16)
+    assert np.abs(res.values - caught[0][NODES].numpy()).max() <= 1e-4
+
+
+def test_legacy_adjs_model_full_and_sampled(world):
+    module = world["modules"]["legacy"]
+    server = _serve(world, "legacy", [-1, -1])
+    with server:
+        res = server.predict(NODES, "logits")
+        emb = server.predict(NODES, "embedding")
+    with torch.inference_mode():
+        full = module.full(world["x"], world["edge_index"])[NODES].numpy()
+        hidden = torch.relu(module.convs[0](world["x"], world["edge_index"]))[NODES].numpy()
+    assert np.abs(res.values - full).max() <= 1e-4
+    assert np.abs(emb.values - hidden).max() <= 1e-4
+    assert not server.engine.sampler.frontier  # torch-quiver's sampling semantics
+
+    server = _serve(world, "legacy", [3, 2])
+    server.engine.record = True
+    with server:
+        res = server.predict(NODES, "logits")
+    seeds, n_id, adjs = server.engine.recorded[-1]
+    with torch.inference_mode():
+        offline = module(world["x"][n_id], adjs).numpy()
+    row = {int(s): i for i, s in enumerate(seeds)}
+    assert np.abs(res.values - offline[[row[v] for v in NODES]]).max() <= 1e-5
+
+
+def test_torch_export_archive(world):
+    module = world["modules"]["sage"]
+    x, ei = world["x"], world["edge_index"]
+    nodes, edges = torch.export.Dim("nodes", min=2), torch.export.Dim("edges", min=2)
+    program = torch.export.export(module, (x, ei), dynamic_shapes=({0: nodes}, {1: edges}))
+    path = world["dir"] / "sage.pt2"
+    torch.export.save(program, path)
+    server = Server.from_dataset(world["data"], path, fanouts=[-1, -1], seed=0)
+    with server:
+        res = server.predict(NODES, "logits")
+        with pytest.raises(ValueError, match="embeddings"):
+            server.predict(NODES, "embedding")  # refused at admission (HTTP 422), not a 500
+        assert server.predict([1], "class").values.shape == (1,)
+    with torch.inference_mode():
+        full = module(x, ei)[NODES].numpy()
+    assert np.abs(res.values - full).max() <= 1e-4
+
+
+def test_pickled_module_needs_trust_pickle(world):
+    path = world["dir"] / "whole.pt"
+    torch.save(world["modules"]["sage"], path)
+    with pytest.raises(ValueError, match="--trust-pickle"):
+        load_served_model(path)
+    served, info = load_served_model(path, trust_pickle=True)
+    assert info["convention"] == "edge_index" and served.num_layers == 2
+
+
+def test_python_api_module_without_forward_all_serves_embeddings(world):
+    """The Engine wraps a plain ``forward(x, adjs)`` module: embeddings, not a 500."""
+    module = world["modules"]["legacy"]
+    topo = CSRTopo.from_edge_index(world["edge_index"], num_nodes=N)
+    sampler = GraphSageSampler(topo, [-1, -1], seed=0)
+    with Engine(sampler, world["x"], module, N, ServeConfig(max_wait_ms=0.5)) as engine:
+        res = engine.predict([3, 4], "embedding")
+        assert res.values.shape == (2, 16)
+        assert engine.predict([3, 4], "class").values.shape == (2,)
