@@ -65,7 +65,9 @@ MUTATIONS = [
         "src/maestro/runtime/executor.py",
         "if flag > 0 else None",
         "if flag > 0 and p.grad is not None else None",
-        ["tests/maestro/test_runtime_units.py::test_flat_allreduce_keeps_missing_gradients_missing"],
+        [
+            "tests/maestro/test_runtime_units.py::test_flat_allreduce_keeps_missing_gradients_missing"
+        ],
     ),
     Mutation(
         "kd: temperature**2 factor dropped",

@@ -89,6 +89,15 @@ class CostModel:
         """Gradient all-reduce plus optimizer step of ``section`` over ``dp`` replicas."""
         raise NotImplementedError
 
+    def lockstep(self, section: str) -> int:
+        """``k > 1``: the replicas of ``section`` run in step, ``k`` consecutive ones sharing
+        each forward's collectives (FSDP's all-gathers; a trainable section's backwards
+        couple all of them: reduce-scatter, then HSDP's all-reduce), and every replica runs
+        as many micro-batches as the busiest (``maestro.runtime`` pads the others). ``0``
+        (default): replicas are independent (``maestro.plan.tpmodel.LayoutCostModel``
+        says otherwise for FSDP)."""
+        return 0
+
 
 class UnitCostModel(CostModel):
     """The default when no cost model is given: one unit per sample plus its cost features.
@@ -290,6 +299,64 @@ class AnalyticalCostModel(CostModel):
 
 
 # ---------------------------------------------------------------------------------------------
+# Section structure, for parallel layouts
+
+
+@dataclass(frozen=True)
+class SectionFacts:
+    """What a parallel layout's cost depends on besides measured times: a section's structure.
+
+    ``maestro.plan.tpmodel.LayoutCostModel`` prices FSDP all-gathers and reduce-scatters and
+    tensor-parallel all-reduces from these; an ``AnalyticalCostModel`` derives them from its
+    ``SectionShape`` (``facts_of``), a measured model carries them (``MeasuredCostModel.facts``,
+    counted on the run config's modules built on the ``meta`` device).
+
+    Args:
+        blocks: transformer blocks (FSDP units besides the root; TP splits each).
+        hidden: block width (bytes of one TP all-reduce: positions x hidden x ``act_bytes``).
+        param_bytes: bytes of all the section's parameters as FSDP gathers them.
+        grad_bytes: bytes of its gradients as FSDP reduce-scatters them (0: frozen).
+        block_fraction: share of the section's compute (and parameters) inside the blocks:
+            what TP divides and recompute repeats.
+        heads: attention heads per block (TP degrees must divide it; 0: no constraint).
+        act_bytes: bytes per activation element.
+        state_bytes: bytes of parameters, gradients and optimizer state of one unsharded
+            replica (memory of a measured model; 0: unknown).
+    """
+
+    blocks: int
+    hidden: int
+    param_bytes: float
+    grad_bytes: float = 0.0
+    block_fraction: float = 1.0
+    heads: int = 0
+    act_bytes: float = 2.0
+    state_bytes: float = 0.0
+
+
+def facts_of(cost_model: CostModel, section: str) -> SectionFacts | None:
+    """The ``SectionFacts`` of ``section`` under ``cost_model`` (``None``: unknown).
+
+    An ``AnalyticalCostModel`` derives them from the shape (bf16 weights and activations,
+    ``grad_bytes`` per gradient); any other model returns its own ``facts`` entry.
+    """
+    if isinstance(cost_model, AnalyticalCostModel):
+        sh = cost_model._shape(section)
+        ffn = sh.ffn_hidden or 4 * sh.hidden
+        per_block = 4 * sh.hidden**2 + 2 * sh.hidden * ffn
+        return SectionFacts(
+            blocks=sh.layers,
+            hidden=sh.hidden,
+            param_bytes=2.0 * sh.params,
+            grad_bytes=cost_model.grad_bytes * sh.params,
+            block_fraction=sh.layers * per_block / sh.params if sh.params else 1.0,
+            act_bytes=2.0,
+            state_bytes=18.0 * sh.params,
+        )
+    return getattr(cost_model, "facts", {}).get(section)
+
+
+# ---------------------------------------------------------------------------------------------
 # Measured model
 
 
@@ -456,6 +523,9 @@ class MeasuredCostModel(CostModel):
     whole_model: WholeModelFit | None = None
     step_scale: dict[str, float] = field(default_factory=dict)
     step_scale_by_mbs: dict[str, dict[int, float]] = field(default_factory=dict)
+    facts: dict[str, SectionFacts] = field(default_factory=dict)
+    """Section -> its structure (``SectionFacts``), for pricing parallel layouts; filled by
+    the planner from the run config (``maestro.plan.workload``), not stored in profiles."""
 
     def step_factor(self, kind: str, micro_batch: int) -> float:
         """The step-level correction of a ``kind`` layout (``"sections"`` or ``"monolithic"``)
@@ -583,9 +653,11 @@ __all__ = [
     "GPUPreset",
     "LinearFit",
     "MeasuredCostModel",
+    "SectionFacts",
     "SectionShape",
     "UnitCostModel",
     "WholeModelFit",
+    "facts_of",
     "micro_batch_features",
     "preset",
 ]

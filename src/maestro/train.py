@@ -50,6 +50,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--checkpoint-dir", default=None, metavar="D", help="checkpoints and sample-id logs"
     )
     p.add_argument(
+        "--checkpoint-format",
+        choices=["full", "sharded"],
+        default="full",
+        help="full: each section's whole state in one file (default); sharded: every rank "
+        "writes its own shards with torch.distributed.checkpoint (resumes under any layout)",
+    )
+    p.add_argument(
         "--resume",
         action="store_true",
         help="continue from the newest complete checkpoint in --checkpoint-dir (from step 0 if "
@@ -91,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
+        checkpoint_format=args.checkpoint_format,
         on_nonfinite=args.on_nonfinite,
     )
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and args.nproc is None

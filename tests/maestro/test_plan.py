@@ -27,13 +27,13 @@ def used_gpus(plan) -> int:
     """GPUs a plan occupies: a colocated group's (or the monolithic layout's) counted once."""
     if plan.monolithic:
         s = next(iter(plan.sections.values()))
-        return s.dp * s.tp
+        return s.gpus
     seen, total = set(), 0
     for n, s in plan.sections.items():
         key = s.group or n
         if key not in seen:
             seen.add(key)
-            total += s.dp * s.tp
+            total += s.gpus  # dp * fsdp * tp
     return total
 
 
@@ -71,7 +71,7 @@ def test_plans_respect_the_gpu_budget(mllm16, gpus):
         assert len({(s.dp, s.tp) for s in p.sections.values() if s.group == g}) == 1
     mono = plan_monolithic(mllm16.samples, mllm16.sections, mllm16.cost_model, gpus)
     (tp,) = {s.tp for s in mono.sections.values()}
-    (dp,) = {s.dp for s in mono.sections.values()}
+    (dp,) = {s.data_parallel for s in mono.sections.values()}  # dp * fsdp
     assert mono.gpus == dp * tp <= gpus and 1 <= dp <= gpus // tp
 
 
@@ -91,12 +91,13 @@ def test_gpu_budget_below_one_per_section_is_an_error_unless_sections_share(mllm
 def test_memory_limit_is_respected_and_forces_tp(kd16):
     cm = kd16.cost_model
     teacher_weights = 2.0 * SHAPES["teacher"].params
-    # room for the teacher's weights on 2 GPUs but not on 1: tp must be >= 2
+    # room for the teacher's weights on 2 GPUs but not on 1: they must be sharded, by tp or
+    # by fsdp (which the search weighs against each other)
     limit = 0.7 * teacher_weights
     opts = SearchOptions(memory_limit=limit)
     p = plan_maestro(kd16.samples, kd16.sections, cm, 16, opts)
     assert all(s.memory <= limit for s in p.sections.values())
-    assert p.sections["teacher"].tp >= 2
+    assert p.sections["teacher"].tp * p.sections["teacher"].fsdp >= 2
     from maestro.plan.problem import _section_options
 
     tight = _section_options(_Problem(kd16.samples, kd16.sections, cm, 16, opts), "teacher")
@@ -104,7 +105,8 @@ def test_memory_limit_is_respected_and_forces_tp(kd16):
         _Problem(kd16.samples, kd16.sections, cm, 16, SearchOptions(memory_limit=1e15)),
         "teacher",
     )
-    assert {o.tp for o in tight} == {2, 4, 8} and 1 in {o.tp for o in loose}
+    assert {o.tp for o in tight if o.fsdp == 1} == {2, 4, 8} and 1 in {o.tp for o in loose}
+    assert all(o.fsdp >= 2 for o in tight if o.tp == 1)
     mono = plan_monolithic(kd16.samples, kd16.sections, cm, 16, opts)
     assert all(s.memory <= limit for s in mono.sections.values())
     # the monolithic replica holds both models: it needs at least the larger tp
@@ -132,8 +134,9 @@ def test_producer_holding_its_batch_needs_enough_replicas(mllm16):
     one = _Problem(samples, wl.sections, cm, 16, opts)
     from maestro.plan.problem import _section_options
 
-    need = min(o.min_dp for o in _section_options(one, "vision"))
-    assert need > 1 and v.dp >= need
+    # data-parallel ranks: replica groups, or FSDP ranks sharing one copy of the state
+    need = min(o.min_dp * o.fsdp for o in _section_options(one, "vision"))
+    assert need > 1 and v.dp * v.fsdp >= need
 
 
 def _uniform(num: int, tokens: int, section: str = "llm") -> list[SampleInfo]:

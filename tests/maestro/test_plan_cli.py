@@ -43,16 +43,32 @@ def _profile(path: Path) -> Path:
     return path
 
 
-def test_plan_a_scenario_prints_both_plans_and_writes_a_plan(tmp_path, capsys):
+@pytest.mark.parametrize("scale", [0, 64])
+def test_plan_a_scenario_prints_both_plans_and_writes_a_run_config(tmp_path, capsys, scale):
+    # a scenario's --out is a run config naming the Hugging Face job of its shape: at full
+    # scale the real widths and the planned GPUs, with --scale-down K one that runs here
     out = tmp_path / "plan.toml"
-    rc = main(["plan", "kd", "--gpus", "16", "--out", str(out), "--simulate-top", "1"])
+    args = ["plan", "kd", "--gpus", "16", "--out", str(out), "--simulate-top", "1"]
+    rc = main(args + (["--scale-down", str(scale)] if scale else []))
     text = capsys.readouterr().out
     assert rc == 0
     assert "maestro " in text and "monolithic " in text and "GPU-h/M samples" in text
     assert "GPUs Maestro needs to match" in text or "GPU-hours saved" in text
     mono, secs = read_plan(out.read_text())
-    assert not mono and set(secs) == {"teacher", "student"}
-    assert sum(s.dp * s.tp for s in secs.values()) <= 16
+    assert set(secs) == {"teacher", "student"}
+    label = "monolithic" if mono else "per-section"
+    wrote = next(x for x in text.splitlines() if x.startswith("wrote "))
+    assert f"({label} plan, {'scaled down 64x' if scale else 'full scale'}" in wrote
+    cfg = load(out)  # maestro train's loader accepts it
+    assert cfg.workload == "maestro.hf.scenarios:kd"
+    assert cfg.sections["teacher"].frozen and not cfg.sections["student"].frozen
+    if scale:
+        assert cfg.model.student_hidden == 4096 // 64 and cfg.dtype == "float32"
+        assert cfg.world_size <= 4
+    else:
+        assert cfg.model.student_hidden == 4096 and cfg.model.teacher_hidden == 5120
+        if not mono:
+            assert cfg.world_size == sum(s.gpus for s in secs.values()) <= 16
 
 
 def test_plan_a_scenario_file_monolithic_out(tmp_path, capsys):
@@ -67,6 +83,9 @@ def test_plan_a_scenario_file_monolithic_out(tmp_path, capsys):
     assert mono and set(secs) == {"vision", "audio", "llm"}
     assert len({(s.dp, s.tp, s.micro_batch_size) for s in secs.values()}) == 1
     assert "monolithic" in capsys.readouterr().out
+    cfg = load(out)  # the mllm job with its audio tower
+    assert cfg.workload == "maestro.hf.scenarios:mllm" and cfg.model.audio_share > 0
+    assert "--monolithic --nproc" in out.read_text()
 
 
 @pytest.mark.parametrize("monolithic", [False, True])

@@ -36,7 +36,20 @@ def register(sub) -> None:
         action="store_true",
         help="write the monolithic plan to --out instead of the per-section one",
     )
-    p.add_argument("--out", default=None, help="write the chosen plan as TOML here")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="write the chosen plan as a run config for `maestro train` (a scenario: its "
+        "Hugging Face job at full scale with the planned layout)",
+    )
+    p.add_argument(
+        "--scale-down",
+        type=int,
+        default=0,
+        metavar="K",
+        help="scenarios: --out writes the same shapes K times narrower (layers / 16) and the "
+        "layout shrunk to at most 4 ranks, to train on this machine (e.g. 64)",
+    )
     p.add_argument(
         "--profile",
         default=None,
@@ -72,11 +85,16 @@ def run(args: argparse.Namespace) -> int:
         load_workload,
         plan_toml,
     )
+    from maestro.plan.report import layout_label
 
     if args.simulate_top < 1:
         raise ValueError(f"--simulate-top must be >= 1, got {args.simulate_top}")
     if args.target_samples_per_s is not None and not args.target_samples_per_s > 0:
         raise ValueError(f"--target-samples-per-s must be > 0, got {args.target_samples_per_s}")
+    if args.scale_down < 0:
+        raise ValueError(f"--scale-down must be >= 1, got {args.scale_down}")
+    if args.scale_down and args.out is None:
+        raise ValueError("--scale-down applies to the config --out writes: give --out")
     if args.out is not None and not Path(args.out).parent.is_dir():
         raise FileNotFoundError(f"--out: directory {Path(args.out).parent} does not exist")
     wl = load_workload(args.config, args.gpus, args.profile)
@@ -118,6 +136,10 @@ def run(args: argparse.Namespace) -> int:
             # the run's wavefront scheduler then estimates costs with the profile the plan
             # was scored on (without one it estimates them from FLOPs)
             wl.config.cost_profile = str(Path(args.profile).resolve())
-        Path(args.out).write_text(plan_toml(wl, plan))
-        print(f"wrote {args.out} ({'monolithic' if plan.monolithic else 'per-section'} plan)")
+        if wl.config is None:
+            scale = f"scaled down {args.scale_down}x" if args.scale_down else "full scale"
+        else:
+            scale = "run config"
+        Path(args.out).write_text(plan_toml(wl, plan, args.scale_down))
+        print(f"wrote {args.out} ({layout_label(plan)} plan, {scale}: {plan.describe()})")
     return 0

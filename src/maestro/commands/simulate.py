@@ -81,6 +81,8 @@ def load_workload(args: argparse.Namespace):
         )
     from maestro.config import load
     from maestro.costmodel import MeasuredCostModel
+    from maestro.plan.tpmodel import config_strategies, with_layout
+    from maestro.plan.workload import section_facts
     from maestro.workloads import get_workload
 
     cfg = load(path)
@@ -95,6 +97,9 @@ def load_workload(args: argparse.Namespace):
         cm = MeasuredCostModel.from_profile(profile_config(cfg))
     else:
         cm = MeasuredCostModel.from_profile(args.profile)
+    # each section's tp/fsdp/zero/recompute, priced as the planner prices them
+    cm.facts = {**section_facts(cfg), **cm.facts}
+    cm = with_layout(cm, strategies=config_strategies(cfg))
     wl = get_workload(cfg)
     graph = wl.graph(build=[])  # routing only: no weights needed
     samples = wl.sample_infos(wl.batch(0), graph)

@@ -1,11 +1,12 @@
-"""Planner: choose each section's (dp, tp, micro-batch size) for a GPU budget.
+"""Planner: choose each section's (dp, fsdp, tp, zero, recompute, micro-batch) for a budget.
 
 ``plan_maestro`` searches per-section layouts, including sections sharing devices
 (``colocate``), and ``plan_monolithic`` the best whole-model layout under the same effort
 (``search``); both score layouts by their steady-state step over consecutive steps
 (``steady``); ``compare``/``breakdown`` report GPU-hours and where the saving comes from
 (``report``); ``load_workload`` reads scenarios and run configs (``workload``);
-``TPCostModel`` models tensor parallelism (``tpmodel``).
+``LayoutCostModel`` prices each section's parallel strategy, for the search and the
+simulator alike (``tpmodel``).
 """
 
 from __future__ import annotations
@@ -21,15 +22,17 @@ from maestro.plan.search import (
     plan_monolithic,
 )
 from maestro.plan.steady import SteadyResult, steady_state
-from maestro.plan.tpmodel import TPCostModel, with_layout
+from maestro.plan.tpmodel import LayoutCostModel, SectionStrategy, TPCostModel, with_layout
 from maestro.plan.workload import ScenarioSpec, Workload, load_workload
 
 __all__ = [
     "Ablation",
+    "LayoutCostModel",
     "Plan",
     "ScenarioSpec",
     "SearchOptions",
     "SectionPlan",
+    "SectionStrategy",
     "SteadyResult",
     "TPCostModel",
     "Workload",

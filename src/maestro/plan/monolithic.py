@@ -18,6 +18,7 @@ from maestro.plan.problem import (
     _simulate,
     _worst_features,
 )
+from maestro.plan.tpmodel import SectionStrategy
 from maestro.schedule.types import SampleInfo, SectionSpec
 
 
@@ -30,7 +31,9 @@ def plan_monolithic(
 ) -> Plan:
     """The best one-size-fits-all layout: every replica holds the whole model.
 
-    One (tp, mbs, recompute) for all sections; ``dp = gpus // tp`` replicas, and also as
+    One (tp, fsdp, mbs, recompute) for all sections; ``dp = gpus // tp`` data-parallel
+    ranks (``fsdp`` of them sharding one copy of the state; analytical models only, as
+    ``maestro train --monolithic`` runs plain replicas), and also as
     ``plan_maestro`` allocates (the fewest that fit, then more while the estimate improves)
     when that is fewer; the memory check
     sums every section's weights, optimizer state (ZeRO-1-sharded over the ``dp`` replicas
@@ -48,21 +51,24 @@ def plan_monolithic(
     budgets = [s.token_budget for s in p.sections.values() if s.token_budget is not None]
     budget = min(budgets) if budgets else None
     any_trainable = any(not s.frozen for s in p.sections.values())
-    for tp, mbs, rc in itertools.product(p.tps, mbs_all, p.recomputes):
+    fsdps = sorted(set(opts.fsdp_choices)) if p.analytical else [1]
+    for tp, f, mbs, rc in itertools.product(p.tps, fsdps, mbs_all, p.recomputes):
         if rc and not any_trainable:
             continue
-        if gpus // tp < 1:
+        if gpus // tp < f:
             continue
-        tps = {n: tp for n in p.order}
-        rcs = {n: rc and not p.sections[n].frozen for n in p.order}
-        cm = p.model(tps, rcs)
+        strat = {
+            n: SectionStrategy(tp=tp, fsdp=f, recompute=rc and not p.sections[n].frozen)
+            for n in p.order
+        }
+        cm = p.model({}, {}, strat)
         mem_full, shard, work, longest = 0.0, 0.0, 0.0, 0.0
         for n in p.order:
             sec = replace(p.sections[n], micro_batch_size=mbs, token_budget=budget)
             trainable = not sec.frozen
             if hasattr(cm, "memory_bytes") and p.costs[n]:
                 mem_full += cm.memory_bytes(n, _worst_features(p.costs[n], sec, mbs), trainable)
-                shard += _shard_bytes(p, n, tp)
+                shard += _shard_bytes(p, n, tp) if f == 1 else 0.0
             w, lg, _, _ = _data_order_work(cm, sec, p.costs[n], trainable)
             work += w
             longest += lg
@@ -70,22 +76,23 @@ def plan_monolithic(
         # replicas: every GPU of the budget, and as plan_maestro allocates (the fewest that
         # fit, ZeRO-1 shrinking the optimizer state with more, then more while the estimate
         # shortens; it stops early when the longest micro-batch bounds the estimate)
-        top = gpus // tp
-        dp = 1
+        # (dp counts data-parallel ranks here, in steps of fsdp)
+        top = gpus // tp // f * f
+        dp = f
         while (
             dp < top
             and p.memory_limit is not None
             and mem_full - shard * (1 - 1 / dp) > (p.memory_limit)
         ):
-            dp += 1
+            dp += f
         if p.memory_limit is not None and mem_full - shard * (1 - 1 / dp) > p.memory_limit:
             continue
         est = _mono_estimate(p, cm, tp, work, longest, dp)
-        while dp < top and (nxt := _mono_estimate(p, cm, tp, work, longest, dp + 1)) < est:
-            dp, est = dp + 1, nxt
+        while dp < top and (nxt := _mono_estimate(p, cm, tp, work, longest, dp + f)) < est:
+            dp, est = dp + f, nxt
         for d in sorted({dp, top}):
             mem = mem_full - shard * (1 - 1 / d)
-            cands.append((_mono_estimate(p, cm, tp, work, longest, d), tp, mbs, rc, d, mem, cm))
+            cands.append((_mono_estimate(p, cm, tp, work, longest, d), tp, mbs, rc, d, mem, cm, f))
     if not cands:
         raise ValueError(
             f"no monolithic layout fits {_gb(p.memory_limit)} per device within {gpus} GPUs"
@@ -103,7 +110,7 @@ def plan_monolithic(
             tps_in.add(c[1])
             picked.append(c)
     best = None
-    for est, tp, mbs, rc, dp, mem, cm in picked:
+    for est, tp, mbs, rc, dp, mem, cm, f in picked:
         specs = [
             replace(p.sections[n], dp=dp, micro_batch_size=mbs, token_budget=budget)
             for n in p.order
@@ -112,7 +119,7 @@ def plan_monolithic(
         if best is None or _better(dp * tp, step, best, opts.objective):
             best = Plan(
                 sections={
-                    n: SectionPlan(dp, tp, mbs, rc and not p.sections[n].frozen, mem)
+                    n: SectionPlan(dp // f, tp, mbs, rc and not p.sections[n].frozen, mem, fsdp=f)
                     for n in p.order
                 },
                 monolithic=True,

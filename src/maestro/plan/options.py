@@ -11,6 +11,8 @@ from maestro.schedule.types import SampleInfo
 MBS_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 #: Tensor-parallel degrees the search tries (capped by GPUs per node).
 TP_CHOICES = (1, 2, 4, 8)
+#: FSDP shard degrees the search tries (a replica group of ``fsdp * tp`` ranks).
+FSDP_CHOICES = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,11 @@ class SearchOptions:
 
     Args:
         mbs_choices: micro-batch sizes to try.
-        tp_choices: tensor-parallel degrees to try (only 1 without an analytical model).
+        tp_choices: tensor-parallel degrees to try (a measured model: for sections it has
+            ``facts`` for, degrees dividing their heads).
+        fsdp_choices: FSDP shard degrees to try (FSDP2 ``fully_shard`` per block: state
+            ``/ fsdp``, per-micro-batch all-gathers and reduce-scatters).
+        zero_choices: per trainable section without FSDP, ZeRO-1 off (0) and/or on (1).
         recompute_choices: activation recompute options for trainable sections.
         memory_fraction: share of the GPU's memory a plan may use (the rest: allocator,
             fragmentation, communication buffers).
@@ -63,9 +69,10 @@ class SearchOptions:
         objective: ``"gpu_hours"``: the fewest GPU-hours per sample (GPUs x step time; a
             plan may leave GPUs of the budget unused); ``"step_time"``: the fastest step on
             at most the budget (e.g. a fixed number of processes on this machine).
-        zero1: shard trainable sections' optimizer state (fp32 master weights, Adam moments)
-            over their DP group (ZeRO-1 / Megatron's distributed optimizer), in both the
-            Maestro and the monolithic search.
+        zero1: allow ZeRO-1 at all: ``False`` searches ``zero = 0`` only. With it, each
+            trainable section chooses (``zero_choices``) whether to shard its optimizer state
+            (fp32 master weights, Adam moments) over its DP group (Megatron's distributed
+            optimizer); the monolithic baseline shards it whenever allowed.
         steps: consecutive steps replayed to score a layout (``maestro.plan.steady``); the
             plan's step time is the steady-state period, which lets a frozen section run one
             step ahead exactly as the runtime does.
@@ -79,6 +86,8 @@ class SearchOptions:
 
     mbs_choices: Sequence[int] = MBS_CHOICES
     tp_choices: Sequence[int] = TP_CHOICES
+    fsdp_choices: Sequence[int] = FSDP_CHOICES
+    zero_choices: Sequence[int] = (0, 1)
     recompute_choices: Sequence[bool] = (False, True)
     memory_fraction: float = 0.9
     memory_limit: float | None = None
@@ -96,16 +105,19 @@ class SearchOptions:
 
 @dataclass(frozen=True)
 class SectionPlan:
-    """One section's resources: ``dp`` replicas of ``tp`` GPUs, ``dp * tp`` GPUs in all.
+    """One section's resources, in ``SectionConfig``'s terms: ``dp`` replica groups of
+    ``fsdp`` data-parallel ranks of ``tp`` GPUs each, ``dp * fsdp * tp`` GPUs in all.
 
     Args:
-        dp: data-parallel replicas.
-        tp: GPUs per replica (tensor parallel).
+        dp: replica groups (data parallel; HSDP over them when ``fsdp > 1``).
+        tp: GPUs per data-parallel rank (tensor parallel).
         micro_batch_size: samples per micro-batch.
         recompute: activation checkpointing in backward.
         memory: predicted peak bytes per GPU (of the whole group, when colocated).
         group: the colocated group it shares devices with (``"a+b"``), or ``""`` when the
             section has devices of its own.
+        fsdp: FSDP shard degree inside a replica group.
+        zero: 1: ZeRO-1 optimizer-state sharding over the ``dp`` replicas.
     """
 
     dp: int
@@ -114,10 +126,23 @@ class SectionPlan:
     recompute: bool = False
     memory: float = 0.0
     group: str = ""
+    fsdp: int = 1
+    zero: int = 0
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp
+        return self.dp * self.fsdp * self.tp
+
+    @property
+    def data_parallel(self) -> int:
+        """The scheduler's replicas: ``dp * fsdp``."""
+        return self.dp * self.fsdp
+
+    def strategy_label(self) -> str:
+        """``dp=.. [fsdp=..] tp=..`` and, when set, ``zero=1`` and ``rc``."""
+        fs = f" fsdp={self.fsdp}" if self.fsdp > 1 else ""
+        z = " zero=1" if self.zero else ""
+        return f"dp={self.dp}{fs} tp={self.tp}{z}"
 
 
 @dataclass
@@ -170,7 +195,7 @@ class Plan:
         for n, s in self.sections.items():
             rc = " rc" if s.recompute else ""
             if not s.group:
-                parts.append(f"{n} dp={s.dp} tp={s.tp} mbs={s.micro_batch_size}{rc}")
+                parts.append(f"{n} {s.strategy_label()} mbs={s.micro_batch_size}{rc}")
             elif s.group not in done:
                 done.add(s.group)
                 mem = [(m, p) for m, p in self.sections.items() if p.group == s.group]
@@ -181,4 +206,12 @@ class Plan:
         return ("monolithic: " if self.monolithic else "") + ", ".join(parts)
 
 
-__all__ = ["MBS_CHOICES", "TP_CHOICES", "Ablation", "Plan", "SearchOptions", "SectionPlan"]
+__all__ = [
+    "FSDP_CHOICES",
+    "MBS_CHOICES",
+    "TP_CHOICES",
+    "Ablation",
+    "Plan",
+    "SearchOptions",
+    "SectionPlan",
+]

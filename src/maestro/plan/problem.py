@@ -10,10 +10,10 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from maestro.costmodel import AnalyticalCostModel, CostModel, micro_batch_features
+from maestro.costmodel import AnalyticalCostModel, CostModel, facts_of, micro_batch_features
 from maestro.plan.colocate import group_name, merged_samples
 from maestro.plan.options import Plan, SearchOptions
-from maestro.plan.tpmodel import with_layout
+from maestro.plan.tpmodel import LayoutCostModel, SectionStrategy, with_layout
 from maestro.schedule.graph import check_sections, grad_consumers, role, topo_order
 from maestro.schedule.types import SampleInfo, SectionSpec
 
@@ -27,9 +27,19 @@ class _Option:
     longest: float  # seconds of its slowest micro-batch
     fwd_mb: float  # mean forward seconds per micro-batch (pipeline fill of its consumers)
     bwd_mb: float  # mean backward seconds per micro-batch (drain of a trainable producer)
-    min_dp: int
+    min_dp: int  # replica groups (of ``fsdp`` data-parallel coordinates, ``tp`` ranks each)
     memory: float
     mem_one: float = 0.0  # memory with one micro-batch in flight (no batch held)
+    fsdp: int = 1
+    zero: int = 0
+
+    @property
+    def width(self) -> int:
+        """Ranks one more replica group takes: ``fsdp * tp``."""
+        return self.fsdp * self.tp
+
+    def strategy(self) -> SectionStrategy:
+        return SectionStrategy(tp=self.tp, fsdp=self.fsdp, zero=self.zero, recompute=self.recompute)
 
 
 def _worst_features(costs: list, sec: SectionSpec, mbs: int) -> dict[str, float]:
@@ -151,6 +161,12 @@ class _Problem:
         if not self.tps:
             raise ValueError(f"no tp choice fits a node of {gpn} GPUs: {opts.tp_choices}")
         self.recomputes = sorted(set(opts.recompute_choices)) if self.analytical else [False]
+        for name, vals in (("fsdp_choices", opts.fsdp_choices), ("tp_choices", opts.tp_choices)):
+            if not vals or min(vals) < 1:
+                raise ValueError(f"{name} must be degrees >= 1, got {list(vals)}")
+        if not opts.zero_choices or set(opts.zero_choices) - {0, 1}:
+            raise ValueError(f"zero_choices must be 0 and/or 1, got {list(opts.zero_choices)}")
+        self.zeros = sorted(set(opts.zero_choices)) if opts.zero1 else [0]
         if opts.memory_limit is not None:
             self.memory_limit = opts.memory_limit
         elif self.analytical:
@@ -161,8 +177,49 @@ class _Problem:
         self.roles = {n: role(self.sections[n], gcons) for n in self.order}
         self.costs = {n: [s.cost for s in self.samples if n in s.sections] for n in self.order}
 
-    def model(self, tp: dict[str, int], rc: dict[str, bool]) -> CostModel:
-        return with_layout(self.cm, tp, rc)
+    def model(
+        self, tp: dict[str, int], rc: dict[str, bool], strategies: dict | None = None
+    ) -> CostModel:
+        """The layout's cost model (``plan.tpmodel.with_layout``): the same one the
+        simulator replays the layout on. A measured model with ``facts`` is wrapped even for
+        plain replicas, so that its state bytes meet the memory limit too."""
+        cm = with_layout(self.cm, tp, rc, strategies=strategies)
+        if cm is self.cm and not self.analytical and getattr(self.cm, "facts", None):
+            cm = LayoutCostModel(self.cm, strategies)
+        return cm
+
+    def choices(self, n: str) -> list[tuple[int, int, int, bool]]:
+        """``(tp, fsdp, zero, recompute)`` strategies the runtime can run for section ``n``.
+
+        A measured model prices tp, fsdp and recompute only with the section's structure
+        (``MeasuredCostModel.facts``); a tp degree must divide the section's heads and fit
+        a node; a replica group (``fsdp * tp`` ranks) must fit the budget; ZeRO-1 needs a
+        trainable section without FSDP.
+        """
+        trainable = not self.sections[n].frozen
+        facts = facts_of(self.cm, n)
+        if self.analytical:
+            tps, rcs = self.tps, self.recomputes
+        elif facts is not None:
+            gpn = self.gpus_per_node
+            tps = sorted(
+                {1}
+                | {
+                    t
+                    for t in self.opts.tp_choices
+                    if t <= gpn and (not facts.heads or facts.heads % t == 0)
+                }
+            )
+            rcs = sorted(set(self.opts.recompute_choices))
+        else:
+            tps, rcs = [1], [False]
+        fsdps = sorted(set(self.opts.fsdp_choices)) if (self.analytical or facts) else [1]
+        out = []
+        for tp, f, z, rc in itertools.product(tps, fsdps, self.zeros, rcs):
+            if tp * f > self.gpus or (rc and not trainable) or (z and (f > 1 or not trainable)):
+                continue
+            out.append((tp, f, z, rc))
+        return out
 
     def mbs_choices(self, n: str) -> list[int]:
         cap = max(1, len(self.costs[n]))
@@ -184,10 +241,10 @@ def _section_options(p: _Problem, n: str, standalone: bool = True) -> list[_Opti
     trainable = not sec.frozen
     costs = p.costs[n]
     out = []
-    for tp, mbs, rc in itertools.product(p.tps, p.mbs_choices(n), p.recomputes):
-        if rc and not trainable:
-            continue
-        cm = p.model({n: tp}, {n: rc})
+    works: dict[tuple, tuple] = {}  # zero changes memory and the tail, not the micro-batches
+    for (tp, f, z, rc), mbs in itertools.product(p.choices(n), p.mbs_choices(n)):
+        strat = SectionStrategy(tp=tp, fsdp=f, zero=z, recompute=rc)
+        cm = p.model({}, {}, {n: strat})
         spec = replace(sec, micro_batch_size=mbs)
         min_dp, mem, mem_one = 1, 0.0, 0.0
         if hasattr(cm, "memory_bytes") and costs:
@@ -198,38 +255,47 @@ def _section_options(p: _Problem, n: str, standalone: bool = True) -> list[_Opti
                 # all forwards before backwards: a replica holds its share of the batch
                 total = micro_batch_features(costs)
                 fixed = cm.memory_bytes(n, {"samples": 1.0}, trainable)
-                held = cm.memory_bytes(n, total, trainable) - fixed
-            got = _fit(p, mem_one, _shard_bytes(p, n, tp), held, tp)
+                held = (cm.memory_bytes(n, total, trainable) - fixed) / f
+            got = _fit(p, mem_one, _shard_bytes(p, n, tp, z), held, tp * f)
             if got is None:
                 continue
             min_dp, mem = got
-        if min_dp * tp > p.gpus:
+        if min_dp * tp * f > p.gpus:
             continue
-        work, longest, fwd_mb, bwd_mb = _data_order_work(cm, spec, costs, trainable)
-        out.append(_Option(tp, mbs, rc, work, longest, fwd_mb, bwd_mb, min_dp, mem, mem_one))
+        key = (tp, f, rc, mbs)
+        if key not in works:
+            works[key] = _data_order_work(cm, spec, costs, trainable)
+        work, longest, fwd_mb, bwd_mb = works[key]
+        out.append(_Option(tp, mbs, rc, work, longest, fwd_mb, bwd_mb, min_dp, mem, mem_one, f, z))
     # micro-batch sizes beyond the token budget change nothing: keep the smallest of equals
+    # (and of equal options, the plainer: no ZeRO where it buys nothing)
     seen, kept = set(), []
-    for o in out:
-        key = (o.tp, o.recompute, round(o.work, 9), o.min_dp)
+    for o in sorted(out, key=lambda o: o.zero):
+        key = (o.tp, o.fsdp, o.recompute, round(o.work, 9), o.min_dp)
         if key not in seen:
             seen.add(key)
             kept.append(o)
     return kept
 
 
-def _shard_bytes(p: _Problem, n: str, tp: int) -> float:
+def _shard_bytes(p: _Problem, n: str, tp: int, zero: int | None = None) -> float:
     """Bytes per GPU of section ``n``'s optimizer state that ZeRO-1 shards over its DP group:
     fp32 master weights and Adam moments, 12 of the 18 bytes per parameter (Megatron-LM's
-    distributed optimizer: ``6 + 12 / dp`` bytes per parameter instead of 18)."""
-    if not p.opts.zero1 or p.sections[n].frozen or not p.analytical:
+    distributed optimizer: ``6 + 12 / dp`` bytes per parameter instead of 18).
+
+    ``zero``: the section's choice (default: 1 when the search allows ZeRO-1 at all)."""
+    if zero is None:
+        zero = max(p.zeros)
+    if not zero or p.sections[n].frozen or not p.analytical:
         return 0.0
     return 12.0 * p.cm.shapes[n].params / tp
 
 
-def _fit(p: _Problem, mem_one: float, shard: float, held: float, tp: int):
+def _fit(p: _Problem, mem_one: float, shard: float, held: float, width: int):
     """``(min_dp, bytes per GPU at min_dp)`` for a replica whose ``mem_one`` (one micro-batch
     in flight, full optimizer state) loses ``shard * (1 - 1/dp)`` to ZeRO-1 and gains
-    ``held / dp`` of held activations; None if no ``dp`` within the budget fits."""
+    ``held / dp`` of held activations; None if no ``dp`` (replica groups of ``width``
+    ranks) within the budget fits."""
     fixed = mem_one - shard
     divisible = shard + held
     if p.memory_limit is None:
@@ -238,7 +304,7 @@ def _fit(p: _Problem, mem_one: float, shard: float, held: float, tp: int):
     if room <= 0:
         return None
     min_dp = max(1, -int(-divisible // room))
-    if min_dp * tp > p.gpus:
+    if min_dp * width > p.gpus:
         return None
     return min_dp, fixed + divisible / min_dp
 
@@ -255,6 +321,11 @@ class _GroupOption:
     bwd_mb: float
     min_dp: int
     memory: float
+    fsdp: int = 1
+
+    @property
+    def width(self) -> int:
+        return self.tp
 
 
 @dataclass
@@ -301,7 +372,13 @@ def _group_options(p: _Problem, u: _Unit, member_opts: dict[str, list[_Option]])
     for tp in p.tps:
         choices = []
         for n in u.members:
-            os_ = [o for o in member_opts[n] if o.tp == tp]
+            # colocated groups (not runnable; --colocate) keep the global ZeRO-1 choice in
+            # their memory (_shard_bytes below) and no FSDP: one option per (mbs, recompute)
+            os_, seen = [], set()
+            for o in member_opts[n]:
+                if o.tp == tp and o.fsdp == 1 and (o.mbs, o.recompute) not in seen:
+                    seen.add((o.mbs, o.recompute))
+                    os_.append(o)
             choices.append(sorted(os_, key=lambda o: o.work)[: p.opts.keep_per_section])
         if not all(choices):
             continue
@@ -349,18 +426,24 @@ def _members(u: _Unit, o) -> dict[str, _Option]:
 
 
 def _estimate(p: _Problem, u: _Unit, o, dp: int) -> float:
+    """A unit's step estimate at ``dp`` replica groups: its work over its ``dp * fsdp``
+    data-parallel coordinates (at least its longest micro-batch) plus its tail."""
     mem = _members(u, o)
-    cm = p.model({n: o.tp for n in mem}, {n: m.recompute for n, m in mem.items()})
-    t = max(o.work / dp, o.longest) if any(p.costs[n] for n in mem) else 0.0
-    same = dp * o.tp <= p.gpus_per_node
-    t += sum(cm.allreduce_time(n, dp, same) for n in mem if not p.sections[n].frozen)
+    if isinstance(o, _GroupOption):
+        cm = p.model({n: o.tp for n in mem}, {n: m.recompute for n, m in mem.items()})
+    else:
+        cm = p.model({}, {}, {u.members[0]: o.strategy()})
+    coords = dp * o.fsdp
+    t = max(o.work / coords, o.longest) if any(p.costs[n] for n in mem) else 0.0
+    same = dp * o.width <= p.gpus_per_node
+    t += sum(cm.allreduce_time(n, coords, same) for n in mem if not p.sections[n].frozen)
     return t
 
 
 def _allocate(p: _Problem, units: dict[str, _Unit], combo: dict) -> tuple[dict, float] | None:
     """Deal GPUs to the bottleneck unit; ``(dp per unit, estimated step)`` or None."""
     dp = {n: o.min_dp for n, o in combo.items()}
-    left = p.gpus - sum(dp[n] * o.tp for n, o in combo.items())
+    left = p.gpus - sum(dp[n] * o.width for n, o in combo.items())
     if left < 0:
         return None
     heap = [(-_estimate(p, units[n], o, dp[n]), n) for n, o in combo.items()]
@@ -368,13 +451,13 @@ def _allocate(p: _Problem, units: dict[str, _Unit], combo: dict) -> tuple[dict, 
     while heap:
         neg, n = heap[0]
         o = combo[n]
-        if o.tp > left:
+        if o.width > left:
             break  # the bottleneck cannot grow; others growing would not shorten the step
         new = _estimate(p, units[n], o, dp[n] + 1)
         if new >= -neg:
             break
         dp[n] += 1
-        left -= o.tp
+        left -= o.width
         heapq.heapreplace(heap, (-new, n))
     return dp, max(-t for t, _ in heap) + _fill_drain(units, combo)
 

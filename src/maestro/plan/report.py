@@ -164,93 +164,214 @@ def _table(name: str, d: dict) -> list[str]:
     return lines
 
 
-def plan_toml(wl: Workload, plan: Plan) -> str:
+def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0) -> str:
     """The plan as TOML.
 
-    For a run config: the same config with each section's ``dp`` and ``micro_batch_size``
-    (a monolithic plan sets ``monolithic_micro_batch_size`` and is run with ``maestro train
+    For a run config: the same config with each section's ``dp``, ``fsdp``, ``tp``,
+    ``zero``, ``recompute`` and ``micro_batch_size`` (the runtime's ``SectionConfig`` fields;
+    a monolithic plan sets ``monolithic_micro_batch_size`` and is run with ``maestro train
     --monolithic --nproc DP``); it loads with ``maestro.config.load``. For a scenario: the
-    ``[scenario]`` table and one ``[sections.NAME]`` table with ``dp``, ``tp``,
-    ``micro_batch_size``, ``recompute`` and, for sections sharing devices, ``group`` (the
-    colocated group's name; its ``dp * tp`` GPUs are counted once) per section
-    (``read_plan`` reads it back).
+    Hugging Face job of the scenario's shape with the planned layout
+    (``scenario_run_config``; ``scale_down = K``: a copy shrunk to run here); ``read_plan``
+    reads the layout back.
 
     A run config can only hold what ``maestro.runtime`` runs: disjoint sections, or the
     whole model on every rank (plan it with ``SearchOptions(colocate=False)``).
     """
     head = [
-        f"# maestro plan: {'monolithic' if plan.monolithic else 'per-section'} layout, "
+        f"# maestro plan: {layout_label(plan)} layout, "
         f"{plan.gpus} GPUs, predicted step {plan.step_time:.4g} s, "
         f"{plan.samples_per_s:.4g} samples/s, {plan.gpu_hours_per_million:.4g} GPU-h per "
         "million samples",
     ]
-    if wl.config is not None:
-        d = wl.config.to_dict()
-        secs = d.pop("sections")
-        work = d.pop("workload")
-        if any(sp.group for sp in plan.sections.values()):
-            raise ValueError(
-                "a plan with colocated groups cannot be written as a run config "
-                "(maestro.runtime runs disjoint sections or the whole model per rank)"
-            )
-        if plan.monolithic:
-            sp = next(iter(plan.sections.values()))
-            d["monolithic_micro_batch_size"] = sp.micro_batch_size
-            head.append(f"# run: maestro train THIS.toml --monolithic --nproc {sp.dp}")
-        else:
-            for n, sp in plan.sections.items():
-                secs[n]["dp"] = sp.dp
-                secs[n]["micro_batch_size"] = sp.micro_batch_size
-            d["scheduler"] = "wavefront"  # the plan was scored with it
-            head.append(f"# run: maestro train THIS.toml --nproc {plan.gpus}")
-        lines = head + [f"{_key(k)} = {_value(v)}" for k, v in d.items() if v is not None]
-        lines += [""] + _table("workload", work)
-        for n, s in secs.items():
-            lines += [""] + _table(f"sections.{n}", s)
-        return "\n".join(lines) + "\n"
-    assert wl.scenario is not None
-    sc = wl.scenario
-    lines = head + [f"monolithic = {_value(plan.monolithic)}", ""]
-    lines += _table("scenario", vars(sc))  # gpus: the budget, so the batch size is the same
-    for n, sp in plan.sections.items():
-        lines += [""] + _table(
-            f"sections.{n}",
-            {
-                "dp": sp.dp,
-                "tp": sp.tp,
-                "micro_batch_size": sp.micro_batch_size,
-                "recompute": sp.recompute,
-                "group": sp.group or None,
-            },
+    if wl.config is None:
+        return scenario_run_config(wl, plan, head, scale_down)
+    if scale_down:
+        raise ValueError("--scale-down is for scenarios; a run config is planned as it is")
+    d = wl.config.to_dict()
+    secs = d.pop("sections")
+    work = d.pop("workload")
+    if any(sp.group for sp in plan.sections.values()):
+        raise ValueError(
+            "a plan with colocated groups cannot be written as a run config "
+            "(maestro.runtime runs disjoint sections or the whole model per rank)"
         )
+    if plan.monolithic:
+        sp = next(iter(plan.sections.values()))
+        d["monolithic_micro_batch_size"] = sp.micro_batch_size
+        head.append(f"# run: maestro train THIS.toml --monolithic --nproc {sp.dp}")
+    else:
+        for n, sp in plan.sections.items():
+            secs[n]["dp"] = sp.dp
+            secs[n]["fsdp"] = sp.fsdp
+            secs[n]["tp"] = sp.tp
+            secs[n]["zero"] = sp.zero
+            secs[n]["recompute"] = sp.recompute
+            secs[n]["micro_batch_size"] = sp.micro_batch_size
+        d["scheduler"] = "wavefront"  # the plan was scored with it
+        head.append(f"# run: maestro train THIS.toml --nproc {plan.gpus}")
+    lines = head + [f"{_key(k)} = {_value(v)}" for k, v in d.items() if v is not None]
+    lines += [""] + _table("workload", work)
+    for n, s in secs.items():
+        lines += [""] + _table(f"sections.{n}", s)
     return "\n".join(lines) + "\n"
 
 
+#: the most ranks a scaled-down scenario config asks for (``--scale-down``)
+RUN_HERE_RANKS = 4
+
+
+def shrink_layout(
+    sections: dict[str, SectionPlan], max_ranks: int = RUN_HERE_RANKS, max_tp: int = 2
+) -> dict[str, SectionPlan]:
+    """The same layout on at most ``max_ranks`` ranks: while it is too large, the section
+    with the most ranks halves its largest degree (dp, then fsdp, then tp on a tie), so each
+    section keeps its kind of strategy as long as it can; tp is capped at ``max_tp``."""
+    deg = {n: [sp.dp, sp.fsdp, min(sp.tp, max_tp)] for n, sp in sections.items()}
+    if len(deg) > max_ranks:
+        raise ValueError(f"{len(deg)} sections do not fit {max_ranks} ranks")
+
+    def ranks(d):
+        return d[0] * d[1] * d[2]
+
+    while sum(ranks(d) for d in deg.values()) > max_ranks:
+        n = max(deg, key=lambda m: ranks(deg[m]))
+        d = deg[n]
+        i = max(range(3), key=lambda k: (d[k], -k))
+        d[i] = max(1, d[i] // 2)
+    return {
+        n: replace(sp, dp=d[0], fsdp=d[1], tp=d[2], zero=sp.zero if d[1] == 1 and d[0] > 1 else 0)
+        for n, (sp, d) in ((n, (sections[n], deg[n])) for n in sections)
+    }
+
+
+def scenario_run_config(wl: Workload, plan: Plan, head: list[str], scale_down: int = 0) -> str:
+    """A scenario's plan as a run config ``maestro train`` runs: the Hugging Face job of the
+    scenario's shape (``maestro.hf.scenarios``) with the planned layout.
+
+    ``scale_down = 0``: the real shapes, the planned layout on the planned GPUs, bf16.
+    ``scale_down = K``: widths and lengths ``/ K`` (``hf.scenarios.scaled``), the layout shrunk
+    to at most ``RUN_HERE_RANKS`` ranks (``shrink_layout``), a small batch, float32: it
+    trains on this machine in well under a minute.
+    """
+    from maestro.hf.scenarios import scaled, scenario_job
+
+    sc = wl.scenario
+    assert sc is not None
+    if any(sp.group for sp in plan.sections.values()):
+        raise ValueError(
+            "a plan with colocated groups cannot be written as a run config "
+            "(maestro.runtime runs disjoint sections or the whole model per rank)"
+        )
+    audio = 0.15 * (1 - sc.text_only) / 0.6
+    name, job_cfg = scenario_job(sc.name, sc.text_only, audio)
+    secs = dict(plan.sections)
+    batch = plan.num_samples
+    budgets = {s.name: s.token_budget for s in wl.sections}
+    if scale_down:
+        job_cfg = scaled(job_cfg, scale_down)
+        if plan.monolithic:  # every section on the same ranks: shrink the one layout
+            (one,) = shrink_layout({"model": next(iter(secs.values()))}).values()
+            secs = {n: replace(one, recompute=sp.recompute) for n, sp in secs.items()}
+        else:
+            secs = shrink_layout(secs)
+        batch = 16
+        budgets = {n: (b // scale_down if b else None) for n, b in budgets.items()}
+        # one sample always fits: the longest text plus its image and audio tokens
+        longest = job_cfg.max_tokens + 64
+        budgets = {n: (max(b, longest) if b else None) for n, b in budgets.items()}
+        head.append(
+            f"# scaled down {scale_down}x to run here (same shape ratios; layout shrunk to "
+            f"at most {RUN_HERE_RANKS} ranks; planned on {plan.gpus} GPUs)"
+        )
+    else:
+        head.append(
+            f"# full scale: the scenario's shapes, the planned layout on {plan.gpus} GPUs "
+            "(write a copy for this machine with --scale-down K)"
+        )
+    ranks = (
+        next(iter(secs.values())).gpus if plan.monolithic else sum(sp.gpus for sp in secs.values())
+    )
+    d = {
+        "global_batch": batch,
+        "steps": 4 if scale_down else 100,
+        "seed": sc.seed,
+        "dtype": "float32" if scale_down else "bfloat16",
+        "scheduler": "wavefront",
+    }
+    if plan.monolithic:
+        sp = next(iter(secs.values()))
+        d["monolithic_micro_batch_size"] = min(sp.micro_batch_size, batch)
+        world = sp.data_parallel
+        head.append(f"# run: maestro train THIS.toml --monolithic --nproc {world}")
+        if sp.tp > 1 or sp.fsdp > 1:
+            head.append(
+                f"# (the plan's tp={sp.tp} fsdp={sp.fsdp} are the analytical baseline's; "
+                "maestro train --monolithic runs plain replicas)"
+            )
+    else:
+        head.append(f"# run: maestro train THIS.toml --nproc {ranks}")
+    lines = head + [f"{_key(k)} = {_value(v)}" for k, v in d.items()]
+    lines += [""] + _table("workload", {"name": name, **vars(job_cfg)})
+    frozen = {s.name: s.frozen for s in wl.sections}
+    for n, sp in secs.items():
+        t = {}
+        if not plan.monolithic:
+            t = {
+                "dp": sp.dp,
+                "fsdp": sp.fsdp,
+                "tp": sp.tp,
+                "zero": sp.zero if not frozen[n] else 0,
+                "recompute": sp.recompute and not frozen[n],
+            }
+        t["micro_batch_size"] = min(sp.micro_batch_size, batch)
+        t["token_budget"] = budgets.get(n)
+        if frozen[n]:
+            t["frozen"] = True
+        lines += [""] + _table(f"sections.{n}", t)
+    return "\n".join(lines) + "\n"
+
+
+def layout_label(plan: Plan) -> str:
+    """``"monolithic"`` or ``"per-section"``: which layout a plan is."""
+    return "monolithic" if plan.monolithic else "per-section"
+
+
 def read_plan(text: str) -> tuple[bool, dict[str, SectionPlan]]:
-    """``(monolithic, section -> SectionPlan)`` from a scenario plan written by ``plan_toml``."""
+    """``(monolithic, section -> SectionPlan)`` from a config written by ``plan_toml``.
+
+    A monolithic plan is said in the header comment (its sections carry no layout; each
+    reads as one replica). Missing layout fields take ``SectionConfig``'s defaults.
+    """
     import tomllib
 
     data = tomllib.loads(text)
     secs = data.get("sections")
     if not isinstance(secs, dict) or not secs:
         raise ValueError("plan has no [sections.NAME] tables")
+    mono = text.startswith("# maestro plan: monolithic")
     out = {}
     for n, t in secs.items():
-        try:
-            out[n] = SectionPlan(
-                int(t["dp"]),
-                int(t["tp"]),
-                int(t["micro_batch_size"]),
-                bool(t["recompute"]),
-                group=str(t.get("group", "")),
-            )
-        except KeyError as e:
-            raise ValueError(f"sections.{n}: missing {e.args[0]}") from None
-    return bool(data.get("monolithic", False)), out
+        if "micro_batch_size" not in t:
+            raise ValueError(f"sections.{n}: missing micro_batch_size")
+        out[n] = SectionPlan(
+            int(t.get("dp", 1)),
+            int(t.get("tp", 1)),
+            int(t["micro_batch_size"]),
+            bool(t.get("recompute", False)),
+            group=str(t.get("group", "")),
+            fsdp=int(t.get("fsdp", 1)),
+            zero=int(t.get("zero", 0)),
+        )
+    return mono, out
 
 
 __all__ = [
     "ABLATIONS",
+    "RUN_HERE_RANKS",
+    "layout_label",
+    "scenario_run_config",
+    "shrink_layout",
     "read_plan",
     "Comparison",
     "breakdown",

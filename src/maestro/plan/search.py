@@ -1,15 +1,19 @@
-"""Planner search: each section's (dp, tp, micro-batch size, recompute) for a GPU budget.
+"""Planner search: each section's (dp, fsdp, tp, zero, micro-batch size, recompute).
 
+These are exactly the strategies ``maestro.runtime`` runs per section (``SectionConfig``:
+``dp`` replica groups of ``fsdp`` data-parallel ranks of ``tp`` ranks each). Every option is
+priced by the layout cost model (``plan.tpmodel``) the simulator replays it on.
 The search is cheap enough to run at thousands of GPUs because it narrows in three stages:
 
-1. **Memory first.** Every (tp, mbs, recompute) option of a section is checked against the
-   per-device memory limit on its worst micro-batch (the ``mbs`` longest samples, within the
-   section's token budget); a trainable section that feeds another trainable one runs all its
-   forwards before its backwards and so holds its whole share of the batch, which sets a
-   minimum ``dp``.
+1. **Memory first.** Every (tp, fsdp, zero, mbs, recompute) option of a section is checked
+   against the per-device memory limit on its worst micro-batch (the ``mbs`` longest
+   samples, within the section's token budget); a trainable section that feeds another
+   trainable one runs all its forwards before its backwards and so holds its whole share of
+   the batch, which sets a minimum ``dp``.
 2. **Analytical ranking.** An option's work is its micro-batches' compute in data order; each
    section keeps its few options with the least GPU-seconds. For every combination, GPUs are
-   dealt to the current bottleneck section (``tp`` GPUs per extra replica) until the budget
+   dealt to the current bottleneck section (``fsdp * tp`` GPUs per extra replica group)
+   until the budget
    is spent; the estimate is the slowest section's work / dp plus its all-reduce, plus the
    pipeline fill (a producer chain's first forward) and drain (a trainable producer's last
    backward). Combinations come in three families: the cheapest options per section, and
@@ -58,7 +62,7 @@ def plan_maestro(
     gpus: int,
     options: SearchOptions | None = None,
 ) -> Plan:
-    """Choose every section's (dp, tp, mbs, recompute) and device sharing for ``gpus`` GPUs.
+    """Choose every section's (dp, fsdp, tp, zero, mbs, recompute) for ``gpus`` GPUs.
 
     Layouts searched: every section on its own devices; with ``options.colocate``, every
     valid grouping of sections onto shared devices (``maestro.plan.colocate``); with
@@ -70,9 +74,9 @@ def plan_maestro(
         samples: one global batch (the workload mix); it stays the same for every layout.
         sections: the section graph (``inputs``, ``frozen``, ``token_budget``); their ``dp``
             and ``micro_batch_size`` are ignored.
-        cost_model: an ``AnalyticalCostModel`` (tp and recompute are modelled) or a measured
-            model (tp = 1, no memory limit unless ``options.memory_limit`` is set and the
-            model has ``memory_bytes``).
+        cost_model: an ``AnalyticalCostModel`` (every strategy is modelled) or a measured
+            model (tp, fsdp and recompute only for sections it has ``facts`` for; no memory
+            limit unless ``options.memory_limit`` is set).
         gpus: the GPU budget; a plan uses at most this many.
         options: search settings and ablations.
 
@@ -121,10 +125,7 @@ def plan_maestro(
         else:
             # the cheapest options per unit, and every tied family, each with its own best few
             # simulated, so the full search contains each ablation's search
-            kept = {
-                n: sorted(os_, key=lambda o: o.work * o.tp)[: opts.keep_per_section]
-                for n, os_ in opts_of.items()
-            }
+            kept = {n: _kept(os_, opts.keep_per_section) for n, os_ in opts_of.items()}
             families = [
                 [dict(zip(units, c)) for c in itertools.product(*(kept[n] for n in units))],
                 _tied_combos(p, units, opts_of, Ablation(same_mbs=True)),
@@ -135,7 +136,7 @@ def plan_maestro(
             for combo in combos:
                 alloc = _allocate(p, units, combo)
                 if alloc is not None:
-                    used = sum(alloc[0][u] * o.tp for u, o in combo.items())
+                    used = sum(alloc[0][u] * o.width for u, o in combo.items())
                     cost = alloc[1] * (used if opts.objective == "gpu_hours" else 1)
                     ranked.append((alloc[1], combo, alloc[0], cost))
             num_ranked += len(ranked)
@@ -145,6 +146,8 @@ def plan_maestro(
                     (
                         n,
                         o.tp,
+                        o.fsdp,
+                        getattr(o, "zero", 0),
                         dp[n],
                         tuple((m, x.mbs, x.recompute) for m, x in _members(units[n], o).items()),
                     )
@@ -160,7 +163,7 @@ def plan_maestro(
     if not chosen and mono is None:
         if errors:
             raise ValueError(
-                f"section {errors[0]!r}: no (tp, micro-batch, recompute) fits "
+                f"section {errors[0]!r}: no (tp, fsdp, zero, micro-batch, recompute) fits "
                 f"{_gb(p.memory_limit)} per device within {gpus} GPUs"
             )
         raise ValueError(f"no layout of the sections fits within {gpus} GPUs")
@@ -173,12 +176,13 @@ def plan_maestro(
             for u in units.values():
                 cap = min(mbs[n] for n in u.members)
                 mbs.update({n: min(mbs[n], cap) for n in u.members})
-        cm = p.model(
-            {n: t for n, (_, t, _) in mem.items()}, {n: x.recompute for n, (x, _, _) in mem.items()}
-        )
+        cm = p.model({}, {}, {n: x.strategy() for n, (x, _, _) in mem.items()})
         specs_real = [p.sections[n] for n in p.order]
-        gdp = {units[u].members: d for u, d in dp.items()}
+        # the scheduler's replicas are the data-parallel coordinates, dp * fsdp
+        gdp = {units[u].members: d * combo[u].fsdp for u, d in dp.items()}
         specs = merged_specs(specs_real, groups, gdp, mbs, "min" if mixed else "max")
+        tp_of = {u: combo[u].tp for u in units if len(units[u].members) == 1}
+        specs = [replace(s, tp=tp_of.get(s.name, 1)) for s in specs]
         merged = None
         if len(units) < len(p.order):
             cm = GroupedCostModel(cm, specs_real, groups, mbs)
@@ -192,18 +196,18 @@ def plan_maestro(
             )
         else:
             step, bound, first = _simulate(p, specs, cm, monolithic=False, groups=merged)
-        used = sum(dp[u] * o.tp for u, o in combo.items())
+        used = sum(dp[u] * o.width for u, o in combo.items())
         if best is None or _better(used, step, best, opts.objective):
             secs = {}
             for n in p.order:
                 x, t, u = mem[n]
                 g = u if len(units[u].members) > 1 else ""
                 memory = combo[u].memory
-                secs[n] = SectionPlan(dp[u], t, mbs[n], x.recompute, memory, g)
+                secs[n] = SectionPlan(dp[u], t, mbs[n], x.recompute, memory, g, x.fsdp, x.zero)
             best = Plan(
                 sections=secs,
                 monolithic=False,
-                gpus=sum(dp[u] * o.tp for u, o in combo.items()),
+                gpus=used,
                 num_samples=len(p.samples),
                 step_time=step,
                 estimate=est,
@@ -219,6 +223,19 @@ def plan_maestro(
     best.candidates = num_ranked
     best.simulated = simulated
     return best
+
+
+def _kept(options: list, k: int) -> list:
+    """A unit's ``k`` options with the fewest GPU-seconds of compute, plus the best of each
+    FSDP degree: FSDP's gain is in the step's tail (no gradient all-reduce after the last
+    backward), which the compute ranking does not see, so the allocation weighs it."""
+    by_cost = sorted(options, key=lambda o: o.work * o.tp)
+    out = by_cost[:k]
+    for f in sorted({getattr(o, "fsdp", 1) for o in options} - {1}):
+        best = next(o for o in by_cost if getattr(o, "fsdp", 1) == f)
+        if best not in out:
+            out.append(best)
+    return out
 
 
 def _tied_combos(p: _Problem, units: dict[str, _Unit], opts_of: dict[str, list], ab: Ablation):

@@ -1,24 +1,288 @@
-"""Tensor parallelism and activation recompute as a cost-model transform, for the planner.
+"""Parallel layouts as a cost-model transform: TP, FSDP, ZeRO-1 and recompute per section.
 
-Neither the runtime nor ``AnalyticalCostModel`` knows tensor parallelism; the planner models it
-(Megatron-style, within one NVLink domain): a replica of ``tp`` GPUs does ``1/tp`` of the
-matmul work per GPU, pays two all-reduces of the layer's activations per layer and pass
-(forward; backward repeats them, and recompute repeats the forward's), keeps its
-per-layer fixed overhead unshared, and holds ``1/tp`` of the weights, optimizer state and
-activations (sequence parallel). Gradient all-reduce and optimizer step shrink by ``tp`` too.
-With ``tp == 1`` every method returns the base model's value exactly.
+The planner and the simulator price a section's strategy with the same model: the layout's
+``LayoutCostModel`` wraps the workload's cost model (analytical, or measured on this machine)
+and adds what the strategy costs, the way ``maestro.parallel`` runs it:
+
+- **Tensor parallel** (``tp``, Megatron-style, within one NVLink domain): a replica of ``tp``
+  ranks does ``1/tp`` of the blocks' work per rank (the rest of the section, e.g. an LM head,
+  and the per-layer fixed overhead are not shared), pays two all-reduces of a block's
+  activations per block and pass (forward; backward repeats them, and recompute repeats the
+  forward's), and holds ``1/tp`` of the weights, optimizer state and activations.
+  Gradient all-reduce and optimizer step shrink by ``tp`` too.
+- **FSDP** (``fsdp``, FSDP2 ``fully_shard`` per block, then the root): every micro-batch
+  all-gathers the section's parameters in its forward (one collective per block and the
+  root), again in its backward when ``reshard_after_forward`` (blocks only: the trainable
+  root stays gathered), and reduce-scatters its gradients in the backward; the optimizer
+  steps a ``1/fsdp`` shard. Memory: parameters, gradients and optimizer state ``/ fsdp``,
+  plus one unsharded block in flight. Replicas run in lockstep (``lockstep``): the runtime
+  pads a replica with fewer micro-batches, and the simulator does the same.
+- **ZeRO-1** (``zero = 1``, needs ``fsdp = 1``): the optimizer state is sharded over the
+  ``dp`` replicas (memory, in the planner's ``_fit``); each replica steps ``1/dp`` of it and
+  all-gathers the updated parameters.
+- **Recompute**: the backward repeats the blocks' forward; memory keeps block inputs only.
+
+Collectives are rings: an all-gather or reduce-scatter of ``B`` bytes over ``n`` ranks costs
+``(n - 1) / n * B / bw + (n - 1) * latency``, an all-reduce twice that. On an analytical GPU
+model, FSDP's gathers overlap compute (FSDP2 prefetches the next block): only what exceeds
+the pass's compute, plus one block's gather, is exposed. On a measured (CPU) model the
+collectives run on the same cores as the compute and add up.
+
+With every strategy at its default, every method returns the base model's value exactly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
-from maestro.costmodel import AnalyticalCostModel, CostModel, Features
+from maestro.costmodel import (
+    PADDED,
+    AnalyticalCostModel,
+    CostModel,
+    Features,
+    SectionFacts,
+    facts_of,
+)
 
 
-class TPCostModel(CostModel):
-    """Wrap an ``AnalyticalCostModel`` with per-section tensor-parallel degrees.
+@dataclass(frozen=True)
+class SectionStrategy:
+    """One section's parallel strategy, with the runtime's field names (``SectionConfig``).
+
+    Args:
+        tp: tensor-parallel degree (ranks per replica).
+        fsdp: FSDP shard degree (data-parallel ranks sharing one copy of the state).
+        zero: 1: ZeRO-1 optimizer-state sharding over the ``dp`` replicas (``fsdp = 1``).
+        recompute: activation checkpointing per block.
+        reshard_after_forward: FSDP gathers the blocks again in the backward.
+    """
+
+    tp: int = 1
+    fsdp: int = 1
+    zero: int = 0
+    recompute: bool = False
+    reshard_after_forward: bool = True
+
+    @property
+    def trivial(self) -> bool:
+        """Plain replicas: nothing for a layout model to add."""
+        return self.tp == 1 and self.fsdp == 1 and not self.zero and not self.recompute
+
+
+def _ring(nbytes: float, n: int, bw: float, latency: float) -> float:
+    """An all-gather or reduce-scatter of ``nbytes`` (the whole tensor) over ``n`` ranks."""
+    if n <= 1 or nbytes <= 0:
+        return 0.0
+    return (n - 1) / n * nbytes / bw + (n - 1) * latency
+
+
+class LayoutCostModel(CostModel):
+    """Wrap a cost model with per-section parallel strategies.
+
+    Args:
+        base: the workload's model: an ``AnalyticalCostModel`` (its shapes' ``recompute``
+            flags are honoured; build it with ``with_layout``) or a measured one whose
+            ``facts`` describe every section with a non-trivial strategy.
+        strategies: section -> ``SectionStrategy`` (missing sections: plain replicas).
+        overlap: FSDP gathers overlap compute (default: on an analytical GPU model).
+    """
+
+    def __init__(
+        self,
+        base: CostModel,
+        strategies: Mapping[str, SectionStrategy] | None = None,
+        overlap: bool | None = None,
+    ):
+        self.base = base
+        self.strategies = dict(strategies or {})
+        self.analytical = isinstance(base, AnalyticalCostModel)
+        self.overlap = self.analytical if overlap is None else overlap
+        # the simulator reads these from the model it replays on
+        for attr in ("gpu", "step_overhead", "contention", "scheduler_s", "whole_model"):
+            if hasattr(base, attr):
+                setattr(self, attr, getattr(base, attr))
+        self._facts: dict[str, SectionFacts] = {}
+        for name, s in self.strategies.items():
+            for f in ("tp", "fsdp"):
+                if getattr(s, f) < 1:
+                    raise ValueError(f"{f} of section {name!r} must be >= 1, got {getattr(s, f)}")
+            if s.zero and s.fsdp > 1:
+                raise ValueError(f"section {name!r}: zero = 1 needs fsdp = 1")
+            if s.tp > 1 or s.fsdp > 1 or (s.recompute and not self.analytical):
+                facts = facts_of(base, name)
+                if facts is None:
+                    raise ValueError(
+                        f"section {name!r}: tp, fsdp and recompute need the section's "
+                        "structure (an analytical model, or a measured one with facts)"
+                    )
+                self._facts[name] = facts
+
+    # --- pieces -------------------------------------------------------------------------------
+
+    def strategy(self, section: str) -> SectionStrategy:
+        return self.strategies.get(section, _PLAIN)
+
+    def lockstep(self, section: str) -> int:
+        f = self.strategy(section).fsdp
+        return f if f > 1 else 0
+
+    def step_factor(self, kind: str, micro_batch: int) -> float:
+        by_size = getattr(self.base, "step_factor", None)
+        if by_size is not None:
+            return by_size(kind, micro_batch)
+        return (getattr(self.base, "step_scale", None) or {}).get(kind, 1.0)
+
+    def _link(self, section: str, ranks: int) -> tuple[float, float]:
+        """``(bytes/s, seconds per message)`` of a collective over a group of ``ranks``
+        consecutive ranks."""
+        if self.analytical:
+            g = self.base.gpu
+            return (g.nvlink_bw if ranks <= g.gpus_per_node else g.net_bw), g.link_latency
+        return float(getattr(self.base, "link_bw", 2e9)), float(
+            getattr(self.base, "link_latency", 50e-6)
+        )
+
+    def _positions(self, section: str, feats: Features) -> float:
+        if self.analytical:
+            return self.base.shapes[section].positions(feats)
+        # a padded micro-batch is what the blocks compute on (B, T, C)
+        return feats.get(PADDED) or feats.get("tokens", 0.0) or feats.get("samples", 0.0)
+
+    def _tp_comm(self, section: str, feats: Features, allreduces: float) -> float:
+        t = self.strategy(section).tp
+        if t <= 1 or feats.get("samples", 0.0) <= 0:
+            return 0.0
+        if self.analytical:  # exactly the planner's original TP model
+            shape = self.base.shapes[section]
+            nbytes = 2.0 * shape.positions(feats) * shape.hidden  # bf16, one layer
+            g = self.base.gpu
+            one = 2.0 * (t - 1) / t * nbytes / g.nvlink_bw + g.link_latency
+            return allreduces * shape.layers * one
+        fa = self._facts[section]
+        nbytes = self._positions(section, feats) * fa.hidden * fa.act_bytes
+        bw, lat = self._link(section, t)
+        return allreduces * fa.blocks * 2.0 * _ring(nbytes, t, bw, lat)
+
+    def _tp_split(self, section: str, seconds: float, passes: float) -> float:
+        t = self.strategy(section).tp
+        if t <= 1 or seconds <= 0:
+            return seconds
+        if self.analytical:
+            overhead = passes * self.base.shapes[section].layers * self.base.gpu.layer_overhead
+            overhead = min(overhead, seconds)
+            return (seconds - overhead) / t + overhead
+        bf = self._facts[section].block_fraction
+        return seconds * (1.0 - bf) + seconds * bf / t
+
+    def _fsdp_comm(self, section: str, compute: float, backward: bool) -> float:
+        """Exposed seconds of one micro-batch's FSDP collectives in one pass."""
+        s = self.strategy(section)
+        if s.fsdp <= 1:
+            return 0.0
+        fa = self._facts[section]
+        bw, lat = self._link(section, s.fsdp * s.tp)
+        full = fa.param_bytes / s.tp
+        units = fa.blocks + 1
+        if not backward:
+            comm = _ring(full, s.fsdp, bw, 0.0) + units * (s.fsdp - 1) * lat
+        else:
+            comm = 0.0
+            if s.reshard_after_forward:  # the blocks again; the trainable root stayed gathered
+                comm += _ring(full * fa.block_fraction, s.fsdp, bw, 0.0)
+                comm += fa.blocks * (s.fsdp - 1) * lat
+            comm += _ring(fa.grad_bytes / s.tp, s.fsdp, bw, 0.0) + units * (s.fsdp - 1) * lat
+        if self.overlap:  # prefetched under compute; the first unit's collective is exposed
+            return max(0.0, comm - compute) + comm / units
+        return comm
+
+    # --- the CostModel interface --------------------------------------------------------------
+
+    def forward_time(self, section: str, feats: Features) -> float:
+        f = self._tp_split(section, self.base.forward_time(section, feats), 1.0)
+        f += self._tp_comm(section, feats, 2.0)
+        if feats.get("samples", 0.0) > 0:
+            f += self._fsdp_comm(section, f, backward=False)
+        return f
+
+    def backward_time(self, section: str, feats: Features) -> float:
+        s = self.strategy(section)
+        base_b = self.base.backward_time(section, feats)
+        if self.analytical:
+            passes = 3.0 if self.base.shapes[section].recompute else 2.0
+            b = self._tp_split(section, base_b, passes)
+        else:
+            passes = 3.0 if s.recompute else 2.0
+            b = self._tp_split(section, base_b, 2.0)
+            if s.recompute:  # the blocks' forward again
+                fwd = self.base.forward_time(section, feats)
+                b += self._tp_split(section, fwd * self._facts[section].block_fraction, 1.0)
+        b += self._tp_comm(section, feats, 2.0 * (passes - 1))
+        if feats.get("samples", 0.0) > 0:
+            b += self._fsdp_comm(section, b, backward=True)
+        return b
+
+    def transfer_time(self, producer: str, feats: Features, same_node: bool) -> float:
+        return self.base.transfer_time(producer, feats, same_node)
+
+    def allreduce_time(self, section: str, dp: int, same_node: bool) -> float:
+        """The step's tail of ``section`` over ``dp`` data-parallel replicas (``dp * fsdp``
+        in the config's terms: the scheduler's replicas)."""
+        s = self.strategy(section)
+        if s.fsdp == 1 and (not s.zero or self.analytical):
+            # (analytical: the optimizer step is already priced sharded over the replicas)
+            return self.base.allreduce_time(section, dp, same_node) / s.tp
+        optim = self.base.allreduce_time(section, 1, same_node)  # the step alone
+        if s.fsdp > 1:
+            # each rank steps its shard: 1/fsdp (analytical: 1/dp, the optimizer step being
+            # priced sharded over every replica); HSDP all-reduces the shards over the groups
+            optim /= dp if self.analytical else s.fsdp
+            fa = self._facts[section]
+            bw, lat = self._link(section, dp * s.tp)
+            groups = max(1, dp // s.fsdp)
+            ring = 2.0 * _ring(fa.grad_bytes / (s.tp * s.fsdp), groups, bw, lat)
+            return optim / s.tp + ring
+        # measured ZeRO-1: gradients all-reduced as before, a 1/dp optimizer step, then the
+        # updated parameter slices all-gathered
+        reduce = self.base.allreduce_time(section, dp, same_node) - optim
+        pbytes = float(getattr(self.base, "param_bytes", {}).get(section, 0.0))
+        bw, lat = self._link(section, dp * s.tp)
+        return (reduce + optim / max(dp, 1) + _ring(pbytes, dp, bw, lat)) / s.tp
+
+    def memory_bytes(self, section: str, feats: Features, trainable: bool) -> float:
+        """Peak bytes per rank: the base replica's activations ``/ tp``, its parameters,
+        gradients and optimizer state ``/ (tp * fsdp)`` plus, under FSDP, one gathered block
+        (and its unsharded gradient) and the gathered root. ZeRO-1's ``1/dp`` is applied by
+        the planner (it depends on ``dp``). A measured model without a memory fit counts the
+        state only (``SectionFacts.state_bytes``)."""
+        s = self.strategy(section)
+        if self.analytical:
+            total = self.base.memory_bytes(section, feats, trainable)
+            state = (18.0 if trainable else 2.0) * self.base.shapes[section].params
+        else:
+            fa = facts_of(self.base, section)
+            state = fa.state_bytes if fa is not None else 0.0
+            if not trainable and fa is not None:
+                state = fa.param_bytes
+            total = state
+        if s.fsdp == 1:
+            return total / s.tp
+        acts = max(0.0, total - state)
+        out = acts / s.tp + state / (s.tp * s.fsdp)
+        if s.fsdp > 1:
+            fa = self._facts[section]
+            per_block = fa.param_bytes * fa.block_fraction / max(fa.blocks, 1)
+            root = fa.param_bytes * (1.0 - fa.block_fraction)
+            grad = fa.grad_bytes * fa.block_fraction / max(fa.blocks, 1) if trainable else 0.0
+            out += (per_block + grad + root) / s.tp
+        return out
+
+
+_PLAIN = SectionStrategy()
+
+
+class TPCostModel(LayoutCostModel):
+    """``LayoutCostModel`` with tensor parallelism only.
 
     Args:
         base: the analytical model (its shapes' ``recompute`` flags are honoured).
@@ -26,66 +290,77 @@ class TPCostModel(CostModel):
     """
 
     def __init__(self, base: AnalyticalCostModel, tp: Mapping[str, int] | None = None):
-        self.base = base
-        self.tp = dict(tp or {})
-        self.gpu = base.gpu  # the simulator reads gpus_per_node from it
-        for name, t in self.tp.items():
+        for name, t in (tp or {}).items():
             if t < 1:
                 raise ValueError(f"tp of section {name!r} must be >= 1, got {t}")
-
-    def _comm(self, section: str, feats: Features, allreduces: float) -> float:
-        t = self.tp.get(section, 1)
-        if t <= 1 or feats.get("samples", 0.0) <= 0:
-            return 0.0
-        shape = self.base.shapes[section]
-        nbytes = 2.0 * shape.positions(feats) * shape.hidden  # bf16 activations of one layer
-        g = self.base.gpu
-        one = 2.0 * (t - 1) / t * nbytes / g.nvlink_bw + g.link_latency
-        return allreduces * shape.layers * one
-
-    def _split(self, section: str, seconds: float, passes: float) -> float:
-        t = self.tp.get(section, 1)
-        if t <= 1 or seconds <= 0:
-            return seconds
-        overhead = passes * self.base.shapes[section].layers * self.base.gpu.layer_overhead
-        overhead = min(overhead, seconds)
-        return (seconds - overhead) / t + overhead
-
-    def forward_time(self, section: str, feats: Features) -> float:
-        f = self.base.forward_time(section, feats)
-        return self._split(section, f, 1.0) + self._comm(section, feats, 2.0)
-
-    def backward_time(self, section: str, feats: Features) -> float:
-        passes = 3.0 if self.base.shapes[section].recompute else 2.0
-        b = self.base.backward_time(section, feats)
-        return self._split(section, b, passes) + self._comm(section, feats, 2.0 * (passes - 1))
-
-    def transfer_time(self, producer: str, feats: Features, same_node: bool) -> float:
-        return self.base.transfer_time(producer, feats, same_node)
-
-    def allreduce_time(self, section: str, dp: int, same_node: bool) -> float:
-        return self.base.allreduce_time(section, dp, same_node) / self.tp.get(section, 1)
-
-    def memory_bytes(self, section: str, feats: Features, trainable: bool) -> float:
-        """Peak bytes per GPU: the base model's replica peak split over ``tp`` GPUs."""
-        return self.base.memory_bytes(section, feats, trainable) / self.tp.get(section, 1)
+        super().__init__(base, {n: SectionStrategy(tp=t) for n, t in (tp or {}).items()})
+        self.tp = dict(tp or {})
 
 
-def with_layout(base: CostModel, tp: Mapping[str, int], recompute: Mapping[str, bool]) -> CostModel:
+def with_layout(
+    base: CostModel,
+    tp: Mapping[str, int] | None = None,
+    recompute: Mapping[str, bool] | None = None,
+    *,
+    strategies: Mapping[str, SectionStrategy] | None = None,
+) -> CostModel:
     """The cost model of one candidate layout.
 
     Args:
-        base: the workload's cost model. Only an ``AnalyticalCostModel`` can model ``tp > 1``
-            and recompute; any other model (e.g. measured on this machine) is returned as is.
-        tp: section -> tensor-parallel degree.
-        recompute: section -> activation recompute on/off.
+        base: the workload's cost model: analytical, or measured with ``facts`` for every
+            section whose tp, fsdp or recompute is set (``ValueError`` otherwise).
+        tp: section -> tensor-parallel degree (shorthand for ``strategies``).
+        recompute: section -> activation recompute on/off (likewise).
+        strategies: section -> ``SectionStrategy``; ``tp``/``recompute`` override theirs.
+
+    Returns:
+        ``base`` itself when every strategy is plain, else a ``LayoutCostModel``.
     """
-    if not isinstance(base, AnalyticalCostModel):
-        if any(t > 1 for t in tp.values()) or any(recompute.values()):
-            raise ValueError("tp > 1 and recompute need an analytical cost model")
+    strat = dict(strategies or {})
+    for n, t in (tp or {}).items():
+        strat[n] = replace(strat.get(n, _PLAIN), tp=t)
+    for n, r in (recompute or {}).items():
+        strat[n] = replace(strat.get(n, _PLAIN), recompute=bool(r))
+    if all(s.trivial for s in strat.values()):
         return base
-    shapes = {
-        n: (replace(s, recompute=recompute[n]) if n in recompute else s)
-        for n, s in base.shapes.items()
+    if isinstance(base, AnalyticalCostModel):
+        shapes = {
+            n: (replace(s, recompute=strat[n].recompute) if n in strat else s)
+            for n, s in base.shapes.items()
+        }
+        base = replace(base, shapes=shapes)
+    elif any(s.tp > 1 or s.fsdp > 1 or s.recompute for s in strat.values()):
+        missing = [
+            n
+            for n, s in strat.items()
+            if (s.tp > 1 or s.fsdp > 1 or s.recompute) and facts_of(base, n) is None
+        ]
+        if missing:
+            raise ValueError(
+                f"section {missing[0]!r}: tp > 1, fsdp > 1 and recompute need an analytical "
+                "cost model or a measured one with the sections' facts"
+            )
+    return LayoutCostModel(base, strat)
+
+
+def config_strategies(config) -> dict[str, SectionStrategy]:
+    """``section -> SectionStrategy`` of a run config (``TrainConfig.sections``)."""
+    return {
+        n: SectionStrategy(
+            tp=sc.tp,
+            fsdp=sc.fsdp,
+            zero=sc.zero,
+            recompute=bool(sc.recompute),
+            reshard_after_forward=bool(sc.reshard_after_forward),
+        )
+        for n, sc in config.sections.items()
     }
-    return TPCostModel(replace(base, shapes=shapes), tp)
+
+
+__all__ = [
+    "LayoutCostModel",
+    "SectionStrategy",
+    "TPCostModel",
+    "config_strategies",
+    "with_layout",
+]

@@ -6,7 +6,8 @@ Three sources, by the CONFIG argument of ``maestro plan``:
   on an analytical GPU preset;
 - a scenario file: TOML with a ``[scenario]`` table (``examples/paper_*.toml``);
 - a run config TOML (``examples/kd.toml``): its workload's real batch, timed on this machine
-  (``maestro profile``) for a ``MeasuredCostModel``; tp is 1 and memory is not limited.
+  (``maestro profile``) for a ``MeasuredCostModel``, with the sections' structure
+  (``section_facts``) so that tp, fsdp and recompute are priced too; memory is not limited.
 """
 
 from __future__ import annotations
@@ -120,14 +121,75 @@ def load_scenario(path: Path) -> ScenarioSpec:
     return spec
 
 
-def load_workload(config: str, gpus: int | None = None, profile: str | None = None) -> Workload:
+def section_facts(config) -> dict:
+    """``section -> SectionFacts`` of a run config's sections, counted on their modules built
+    on the ``meta`` device: the transformer blocks ``maestro.parallel`` shards and splits
+    (``transformer_blocks``), their width, the TP degrees they allow, and the bytes of
+    parameters, gradients and (AdamW) optimizer state."""
+    import torch
+
+    from maestro.costmodel import SectionFacts
+    from maestro.parallel.apply import transformer_blocks
+    from maestro.workloads import get_workload
+
+    wl = get_workload(config)  # (its data is real; only the modules go on meta)
+    with torch.device("meta"):
+        graph = wl.graph()
+    out = {}
+    for sec in graph:
+        params = list(sec.module.parameters())
+        total = float(sum(q.numel() * q.element_size() for q in params))
+        blocks = transformer_blocks(sec.module)
+        if not blocks or total <= 0:
+            continue
+        in_blocks = float(sum(q.numel() * q.element_size() for b in blocks for q in b.parameters()))
+        lin = next((m for m in blocks[0].modules() if isinstance(m, torch.nn.Linear)), None)
+        hidden = lin.in_features if lin is not None else 0
+        heads = _tp_divisor(blocks[0])
+        trainable = not config.sections[sec.name].frozen
+        grads = float(sum(q.numel() * q.element_size() for q in params if q.requires_grad))
+        grads = grads if trainable else 0.0
+        out[sec.name] = SectionFacts(
+            blocks=len(blocks),
+            hidden=hidden,
+            param_bytes=total,
+            grad_bytes=grads,
+            block_fraction=in_blocks / total,
+            heads=heads,
+            act_bytes=float(params[0].element_size()),
+            # weights, gradients and AdamW's two moments
+            state_bytes=total + 3.0 * grads if trainable else total,
+        )
+    return out
+
+
+def _tp_divisor(block) -> int:
+    """The largest number every TP degree of ``block`` must divide (heads, key/value heads,
+    MLP width), as ``maestro.parallel.tp`` checks; 0 when unknown."""
+    import math
+
+    heads = getattr(block, "heads", None)
+    if heads is not None and hasattr(block, "fc1"):
+        return math.gcd(int(heads), int(block.fc1.out_features))
+    attn = getattr(block, "self_attn", None)
+    cfg = getattr(attn, "config", None)
+    if cfg is None:
+        return 0
+    h = int(getattr(cfg, "num_attention_heads", 0) or 0)
+    kv = int(getattr(cfg, "num_key_value_heads", h) or h)
+    down = getattr(getattr(block, "mlp", None), "down_proj", None)
+    width = int(down.in_features) if down is not None else h
+    return math.gcd(math.gcd(h, kv), width)
+
+
+def load_workload(config: str, gpus: int | None = None, profile=None) -> Workload:
     """The workload named by ``maestro plan``'s CONFIG argument.
 
     Args:
         config: a scenario name, a scenario TOML or a run config TOML.
         gpus: the budget (default: the scenario's, or the run config's sum of dp).
-        profile: JSON profile from ``maestro profile`` for a run config (measured now if
-            omitted).
+        profile: JSON profile from ``maestro profile`` for a run config (a path, a dict, or a
+            ``MeasuredCostModel``; measured now if omitted).
     """
     if gpus is not None and gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
@@ -158,8 +220,12 @@ def load_workload(config: str, gpus: int | None = None, profile: str | None = No
 
         print("profiling the sections on this machine (pass --profile to reuse one) ...")
         cm = MeasuredCostModel.from_profile(profile_config(cfg))
+    elif isinstance(profile, MeasuredCostModel):
+        cm = profile
     else:
         cm = MeasuredCostModel.from_profile(profile)
+    # the sections' structure prices tp, fsdp and recompute on the measured times
+    cm.facts = {**section_facts(cfg), **cm.facts}
     wl = get_workload(cfg)
     graph = wl.graph(build=[])  # routing only: no weights
     samples = wl.sample_infos(wl.batch(0), graph)

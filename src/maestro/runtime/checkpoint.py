@@ -16,6 +16,12 @@ A checkpoint taken after step ``s`` (``next_step = s + 1``) in directory ``D`` i
 Every file is written to a temp file in ``D``, fsynced, and ``os.replace``d into place (then
 the directory is fsynced), so a reader sees either the old state or the complete new file.
 The directory must be shared by all ranks (one machine, or a shared filesystem).
+
+``--checkpoint-format sharded`` (``maestro.parallel.dcp``) replaces each section file with a
+directory ``step-0000000N.SECTION/`` that every rank of a sharded section writes its own
+shards into with ``torch.distributed.checkpoint`` (a temp directory, renamed when complete);
+the manifest then names every file of every directory, with the same rule: only a checkpoint
+whose files all match its manifest loads.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import json
 import os
 import random
 import re
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,23 +143,39 @@ def save_meta(d: Path, next_step: int, meta: dict) -> str:
     return fname
 
 
-def commit(d: Path, next_step: int, sections: list[str]) -> Path:
+def section_dir(d: Path, next_step: int, name: str) -> Path:
+    """The directory of one section's shards in a sharded checkpoint."""
+    return Path(d) / f"{_prefix(next_step)}.{name}"
+
+
+def commit(d: Path, next_step: int, sections: list[str], fmt: str = "full") -> Path:
     """Write the manifest that makes checkpoint ``next_step`` complete; prune old ones.
 
     Call only after every rank has written its files (a barrier). ``FileNotFoundError`` when a
-    section file is missing.
+    section file (``fmt="full"``) or directory (``fmt="sharded"``) is missing.
     """
     d = Path(d)
     p = _prefix(next_step)
-    files = [f"{p}.meta.pt"] + [f"{p}.{n}.pt" for n in sections]
+    files = [f"{p}.meta.pt"]
+    if fmt == "sharded":
+        for n in sections:
+            sd = section_dir(d, next_step, n)
+            if not sd.is_dir():
+                raise FileNotFoundError(f"{sd} is missing")
+            files += sorted(f.relative_to(d).as_posix() for f in sd.rglob("*") if f.is_file())
+    else:
+        files += [f"{p}.{n}.pt" for n in sections]
     entries = {f: {"bytes": (d / f).stat().st_size, "sha256": _sha256(d / f)} for f in files}
-    manifest = {"next_step": next_step, "sections": sections, "files": entries}
+    manifest = {"next_step": next_step, "sections": sections, "format": fmt, "files": entries}
     path = d / f"{p}.manifest.json"
     atomic_write(path, json.dumps(manifest, indent=1).encode())
     complete = sorted(_steps_with_manifest(d))
     for old in complete[:-KEEP]:
         for f in d.glob(f"{_prefix(old)}.*"):
-            f.unlink(missing_ok=True)
+            if f.is_dir():
+                shutil.rmtree(f, ignore_errors=True)
+            else:
+                f.unlink(missing_ok=True)
     return path
 
 
@@ -197,11 +220,14 @@ class Checkpoint:
         dir: the checkpoint directory.
         next_step: the first step a resumed run trains.
         sections: the sections it holds state for.
+        format: ``"full"`` (one ``.pt`` per section) or ``"sharded"`` (a DCP directory per
+            section).
     """
 
     dir: Path
     next_step: int
     sections: list[str]
+    format: str = "full"
 
     def meta(self) -> dict:
         """The run state written by rank 0."""
@@ -210,6 +236,10 @@ class Checkpoint:
 
     def section(self, name: str) -> dict:
         """``{"module": state_dict, "optimizer": state_dict | None}`` of one section."""
+        if self.format == "sharded":  # whole tensors, read in this process
+            from maestro.parallel.dcp import read_full
+
+            return read_full(section_dir(self.dir, self.next_step, name))
         # CPU first: ``load_state_dict`` moves the state onto the module's device
         path = self.dir / f"{_prefix(self.next_step)}.{name}.pt"
         return torch.load(path, map_location="cpu", weights_only=False)
@@ -223,7 +253,8 @@ def latest(d: str | Path) -> Checkpoint | None:
     for step in sorted(_steps_with_manifest(d), reverse=True):
         if verify(d, step) is None:
             manifest = json.loads((d / f"{_prefix(step)}.manifest.json").read_text())
-            return Checkpoint(d, step, list(manifest["sections"]))
+            fmt = manifest.get("format", "full")
+            return Checkpoint(d, step, list(manifest["sections"]), fmt)
     return None
 
 

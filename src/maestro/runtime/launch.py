@@ -42,6 +42,10 @@ class RunOptions:
         resume: continue from the newest complete checkpoint in ``checkpoint_dir`` (start from
             step 0 when there is none). Under torchrun a restarted attempt
             (``TORCHELASTIC_RESTART_COUNT > 0``) always resumes.
+        checkpoint_format: ``"full"`` (each section's replica 0 gathers whole tensors into one
+            ``.pt``) or ``"sharded"`` (every rank of a section writes its own shards with
+            ``torch.distributed.checkpoint``; ``maestro.parallel.dcp``). Either resumes under
+            any layout.
         on_nonfinite: ``"stop"`` (raise, naming the section and step) or ``"skip"`` (every rank
             drops the step's update) when a loss or gradient is NaN/inf.
     """
@@ -57,6 +61,7 @@ class RunOptions:
     checkpoint_dir: str | None = None
     resume: bool = False
     on_nonfinite: str = "stop"
+    checkpoint_format: str = "full"
 
     def validate(self) -> None:
         """``ValueError`` for inconsistent options."""
@@ -64,6 +69,12 @@ class RunOptions:
             raise ValueError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         if (self.checkpoint_every or self.resume) and not self.checkpoint_dir:
             raise ValueError("--checkpoint-every and --resume need --checkpoint-dir")
+        if self.checkpoint_format not in ("full", "sharded"):
+            raise ValueError(
+                f"--checkpoint-format must be full or sharded, got {self.checkpoint_format!r}"
+            )
+        if self.checkpoint_format == "sharded" and self.monolithic:
+            raise ValueError("--checkpoint-format sharded is for Maestro runs, not --monolithic")
         if self.on_nonfinite not in ("stop", "skip"):
             raise ValueError(f"--on-nonfinite must be stop or skip, got {self.on_nonfinite!r}")
 
@@ -300,21 +311,21 @@ def _resume(config, opts, rank, worker):
             try:
                 meta = found.meta()
                 ck.check_compatible(found, meta, config)
-                choice[0] = (found.next_step, found.sections)
+                choice[0] = (found.next_step, found.sections, found.format)
                 ck.discard_newer(d, found.next_step)
             except ValueError as e:
                 choice[0] = f"error: {e}"
         elif resume and ck.has_manifests(d):
             choice[0] = f"error: no intact checkpoint in {d} to resume from"
         else:
-            choice[0] = (0, [])
+            choice[0] = (0, [], "full")
     dist.broadcast_object_list(choice, src=0)
     if isinstance(choice[0], str):
         raise ValueError(choice[0][len("error: ") :])
-    start, sections = choice[0]
+    start, sections, fmt = choice[0]
     prior: list[float] = []
     if start > 0:
-        found = ck.Checkpoint(d, start, sections)
+        found = ck.Checkpoint(d, start, sections, fmt)
         meta = found.meta()
         worker.load_checkpoint(found)
         if rank < len(meta["rng"]):
@@ -338,9 +349,13 @@ def _save_checkpoint(config, opts, rank, world, worker, next_step, losses) -> No
 
     d = Path(opts.checkpoint_dir)
     worker.finish()  # every message of the finished steps is delivered
-    states = worker.checkpoint_state()  # collective inside a sharded section
-    for name, (module, optimizer) in states.items():
-        ck.save_section(d, next_step, name, module, optimizer)
+    fmt = opts.checkpoint_format
+    if fmt == "sharded":
+        states = worker.save_sharded(d, next_step)  # collective inside a sharded section
+    else:
+        states = worker.checkpoint_state()  # collective inside a sharded section
+        for name, (module, optimizer) in states.items():
+            ck.save_section(d, next_step, name, module, optimizer)
     rngs = [None] * world
     dist.all_gather_object(rngs, ck.rng_state())
     names = [None] * world
@@ -359,7 +374,7 @@ def _save_checkpoint(config, opts, rank, world, worker, next_step, losses) -> No
         ck.save_meta(d, next_step, meta)
     dist.barrier()  # every section file is in place before the manifest names it
     if rank == 0:
-        ck.commit(d, next_step, sorted({n for ns in names for n in ns}))
+        ck.commit(d, next_step, sorted({n for ns in names for n in ns}), fmt)
     dist.barrier()
 
 

@@ -20,9 +20,19 @@ model's ``step_overhead`` (work outside sections, such as building the batch), i
 A colocated (monolithic) schedule runs each whole-model micro-batch forward through all
 sections then backward on one rank, and all-reduces every trainable section over all ranks.
 
+Parallel strategies inside a section are the cost model's: a layout model
+(``maestro.plan.tpmodel.LayoutCostModel``) prices tensor-parallel all-reduces and FSDP
+all-gathers and reduce-scatters into each micro-batch's compute, and the step's tail. A
+section whose replicas run in lockstep (``cost_model.lockstep``: FSDP's collectives) is
+replayed as the runtime runs it: a replica with fewer micro-batches runs padding
+micro-batches (one sample: the first of the batch that activates the section), and every
+replica's ``k``-th forward (backward) starts when all of them are ready for it and lasts as
+long as the slowest.
+
 Transfers are latency plus bytes over the link bandwidth (NVLink inside a node, the network
 across nodes); link contention is not modelled. Ranks are assigned to sections in
-topological order, consecutively, ``gpus_per_node`` to a node.
+topological order, consecutively (``spec.tp`` ranks per replica), ``gpus_per_node`` to a
+node.
 """
 
 from __future__ import annotations
@@ -177,7 +187,7 @@ class StepModel:
         self.first_rank, r0 = {}, 0
         for n in order:
             self.first_rank[n] = r0
-            r0 += len(schedule.order[n])
+            r0 += len(schedule.order[n]) * max(1, self.by_name[n].tp)
         self.world = r0
         self.where: dict[str, dict[int, tuple[int, int]]] = {
             n: {
@@ -204,6 +214,27 @@ class StepModel:
             for n in order
             if self.roles[n] != "forward"
         }
+        # lockstep sections (FSDP): pad every replica to the busiest one's micro-batch count
+        lockstep = getattr(cost_model, "lockstep", None)
+        self.lockstep: dict[str, int] = {}  # section -> replicas per forward sync group
+        for n in order:
+            k = int(lockstep(n)) if lockstep is not None else 0
+            if k > 1:
+                reps = len(schedule.order[n])
+                self.lockstep[n] = k if self.by_name[n].frozen else reps
+        for n in self.lockstep:
+            num = max((len(mbs) for mbs in schedule.order[n]), default=0)
+            first = next((x for x in samples if n in x.sections), None)
+            if first is None:
+                continue
+            f1 = micro_batch_features([first.cost])
+            pad_f = cost_model.forward_time(n, f1)
+            pad_b = cost_model.backward_time(n, f1) if n in self.bwd_s else 0.0
+            for r, mbs in enumerate(schedule.order[n]):
+                extra = num - len(mbs)
+                self.fwd_s[n][r] += [pad_f] * extra
+                if n in self.bwd_s:
+                    self.bwd_s[n][r] += [pad_b] * extra
         # coalesced messages ``(producer replica, mb, consumer replica, mb, transfer seconds)``
         # per (producer, consumer) edge: outputs one way, gradients (same size) the other
         self.msgs: dict[tuple[str, str], list[tuple[int, int, int, int, float]]] = {}
@@ -238,7 +269,7 @@ class StepModel:
         }
 
     def _node(self, n: str, r: int) -> int:
-        return (self.first_rank[n] + r) // self.gpn
+        return (self.first_rank[n] + r * max(1, self.by_name[n].tp)) // self.gpn
 
     def run(
         self,
@@ -274,6 +305,11 @@ class StepModel:
                 for p in dict.fromkeys(by_name[n].inputs):
                     for sr, si, dr, di, tt in self.msgs[(p, n)]:
                         need[(dr, di)] = max(need[(dr, di)], fwd_end[p][sr][si] + tt)
+                if n in self.lockstep:
+                    fwd_end[n], bwd_end[n], starts[n], stats[n] = self._lockstep_forwards(
+                        n, need, not_before, start, k, trace, events
+                    )
+                    continue
                 fe, be, busy, fin, st = [], [], [], [], []
                 for r, mbs in enumerate(self.schedule.order[n]):
                     t, b = (float(start[n][r]) if start is not None else 0.0), 0.0
@@ -328,6 +364,9 @@ class StepModel:
                 for sr, si, dr, di, tt in self.msgs[(n, c)]:
                     grad_at[(sr, si)] = max(grad_at.get((sr, si), 0.0), bwd_end[c][dr][di] + tt)
             st = stats[n]
+            if n in self.lockstep:
+                bwd_end[n] = self._lockstep_backwards(n, grad_at, st, k, trace, events)
+                continue
             be = []
             for r, mbs in enumerate(self.schedule.order[n]):
                 t = st.finish[r]
@@ -354,6 +393,64 @@ class StepModel:
             step = max(step, max(st.finish, default=0.0) + st.allreduce)
         step += getattr(self.cm, "step_overhead", 0.0)
         return SimResult(step, self.num_samples, stats, events, world_size=self.world)
+
+    def _lockstep_forwards(self, n, need, not_before, start, k, trace, events):
+        """Forwards (and a step section's backwards) of a lockstep section: index by index,
+        every replica starts when all are ready and takes as long as the slowest."""
+        reps = self.schedule.order[n]
+        num = max((len(x) for x in self.fwd_s[n]), default=0)
+        t = [float(start[n][r]) if start is not None else 0.0 for r in range(len(reps))]
+        busy = [0.0] * len(reps)
+        fe = [[] for _ in reps]
+        be = [[] for _ in reps]
+        st = [[] for _ in reps]
+        step_role = self.roles[n] == "step"
+        size = self.lockstep[n]
+        groups = [range(g, min(g + size, len(reps))) for g in range(0, len(reps), size)]
+        for grp in groups:
+            for i in range(num):
+                s0 = max(
+                    max(t[r], need.get((r, i), 0.0), not_before.get((n, r, i), 0.0)) for r in grp
+                )
+                f = {r: self.fwd_s[n][r][i] * k for r in grp}
+                end = s0 + max(f.values())
+                for r in grp:
+                    st[r].append(s0)
+                    fe[r].append(end)
+                    busy[r] += f[r]
+                    t[r] = end
+                    if trace:
+                        events.append((n, r, "fwd", s0, s0 + f[r]))
+                if step_role:
+                    bt = {r: self.bwd_s[n][r][i] * k for r in grp}
+                    b_end = end + max(bt.values())
+                    for r in grp:
+                        be[r].append(b_end)
+                        busy[r] += bt[r]
+                        t[r] = b_end
+                        if trace:
+                            events.append((n, r, "bwd", end, end + bt[r]))
+        return fe, be, st, SectionStats(len(reps), busy, list(t))
+
+    def _lockstep_backwards(self, n, grad_at, st, k, trace, events):
+        """A lockstep producer's backwards, in schedule order (padding last, needing no
+        gradients), each starting when every replica has its gradients."""
+        reps = self.schedule.order[n]
+        num = max((len(x) for x in self.bwd_s[n]), default=0)
+        t = list(st.finish)
+        be = [[0.0] * num for _ in reps]
+        for i in range(num):
+            s0 = max(max(t[r], grad_at.get((r, i), 0.0)) for r in range(len(reps)))
+            bt = [self.bwd_s[n][r][i] * k for r in range(len(reps))]
+            end = s0 + max(bt)
+            for r in range(len(reps)):
+                be[r][i] = end
+                st.busy[r] += bt[r]
+                if trace:
+                    events.append((n, r, "bwd", s0, s0 + bt[r]))
+            t = [end] * len(reps)
+        st.finish = t
+        return be
 
 
 def _run_ahead_limits(bounded, schedule, where, consumers, fwd_start):
