@@ -52,12 +52,12 @@ MUTATIONS = [
     Mutation(
         "server: the RAM feature cache returns rows shifted by one",
         "src/quiver/serving/server.py",
-        "        engine = Engine(sampler, features, model",
+        "        engine = Engine(sampler, features, net",
         "        if feature_cache:\n"
         "            _f = features\n"
         "            features = type('F', (), {'__getitem__': lambda s, i: _f[(i + 1) % "
         "ds.num_nodes], 'shape': _f.shape, 'dtype': torch.float32})()\n"
-        "        engine = Engine(sampler, features, model",
+        "        engine = Engine(sampler, features, net",
         ["tests/quiver/test_serving_cli.py::test_served_logits_equal_an_offline_forward"],
     ),
     Mutation(
@@ -67,6 +67,22 @@ MUTATIONS = [
         "if flag > 0 and p.grad is not None else None",
         [
             "tests/maestro/test_runtime_units.py::test_flat_allreduce_keeps_missing_gradients_missing"
+        ],
+    ),
+    Mutation(
+        "wavefront: keeps its slowest greedy pass",
+        "src/maestro/schedule/wavefront.py",
+        "        if best is None or t < best_t - 1e-12 * max(t, 1.0):\n            best, best_t",
+        "        if best is None or t > best_t:\n            best, best_t",
+        ["tests/maestro/test_sim_calibrate.py::test_wavefront_is_never_predicted_slower_than_fifo"],
+    ),
+    Mutation(
+        "planner: keeps the costlier of two plans",
+        "src/maestro/plan/problem.py",
+        "        return cost < ref",
+        "        return cost > ref",
+        [
+            "tests/maestro/test_plan_layouts.py::test_maestro_never_uses_more_gpu_hours_than_monolithic"
         ],
     ),
     Mutation(

@@ -142,14 +142,21 @@ def test_all_colocated_with_equal_micro_batches_is_the_monolithic_layout():
 @pytest.mark.parametrize("name", ["kd", "mllm", "mllm-audio"])
 @pytest.mark.parametrize("gpus", [4, 16, 24])
 def test_maestro_never_uses_more_gpu_hours_than_monolithic(name, gpus):
+    """The monolithic layouts are Maestro candidates, so its plan is the better of the
+    per-section search and the monolithic one: exactly their minimum (a search that kept
+    the costlier plan, or dropped either family, fails). Measured 2026-12-01 with FSDP open
+    to both: the per-section search alone loses on all nine of these analytical cases
+    (e.g. kd/16: 116.7 vs 110.9 GPU-h per million samples), so Maestro's plan here is the
+    monolithic one; BENCHMARKS.md has the figures."""
     wl = scenario_workload(ScenarioSpec(name=name, gpus=gpus, samples_per_gpu=4))
-    try:
-        mono = plan_monolithic(wl.samples, wl.sections, wl.cost_model, gpus)
-    except ValueError:
-        pytest.skip(f"{name} has no monolithic layout on {gpus} GPUs")  # kd on 4 H100s
+    mono = plan_monolithic(wl.samples, wl.sections, wl.cost_model, gpus)
+    sec = plan_maestro(
+        wl.samples, wl.sections, wl.cost_model, gpus, SearchOptions(include_monolithic=False)
+    )
     m = plan_maestro(wl.samples, wl.sections, wl.cost_model, gpus)
     assert m.gpus <= gpus
-    assert m.gpu_hours_per_million <= mono.gpu_hours_per_million * (1 + 1e-9)
+    best = min(sec.gpu_hours_per_million, mono.gpu_hours_per_million)
+    assert m.gpu_hours_per_million == pytest.approx(best, rel=1e-9)
 
 
 def test_disaggregated_only_search_may_lose_and_device_sharing_recovers_it(mllm16):

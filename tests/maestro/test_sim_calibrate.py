@@ -178,8 +178,8 @@ def test_replay_of_trainable_sections_equals_back_to_back_steps():
         replay_steps([(sched, samples)] * 3, sections, cm, schedule_s=[0.0])
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_wavefront_is_never_predicted_slower_than_fifo(seed):
+def _random_case(seed):
+    """A random vision/audio -> llm batch, layout and measured cost model."""
     rng = random.Random(seed)
     sections = [
         SectionSpec("vision", dp=rng.randint(1, 3), micro_batch_size=rng.randint(1, 8)),
@@ -211,10 +211,41 @@ def test_wavefront_is_never_predicted_slower_than_fifo(seed):
         bytes_per={"vision": {"images": 1e6}},
         link_bw=1e8,
     )
+    return samples, sections, cm
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_wavefront_is_never_predicted_slower_than_fifo(seed):
+    """The guarantee (fifo is scored too and kept when faster) and the choice (the fastest
+    of the greedy passes is kept: a scheduler keeping another pass fails here)."""
+    from maestro.schedule.wavefront import PASSES, greedy_wavefront
+
+    samples, sections, cm = _random_case(seed)
     fifo = simulate(fifo_schedule(samples, sections), samples, sections, cm).step_time
     wave = wavefront_schedule(samples, sections, cm)
     assert wave.name == "wavefront"
     assert simulate(wave, samples, sections, cm).step_time <= fifo * (1 + 1e-12)
+    alone = wavefront_schedule(samples, sections, cm, with_fifo=False)
+    per_pass = [
+        simulate(
+            greedy_wavefront(samples, sections, cm, lookahead=la, johnson=jo), samples, sections, cm
+        ).step_time
+        for la, jo in PASSES
+    ]
+    t_alone = simulate(alone, samples, sections, cm).step_time
+    assert t_alone == pytest.approx(min(per_pass), rel=1e-12)
+
+
+def test_wavefront_passes_alone_beat_fifo_on_most_batches():
+    """Without the fifo fallback, the greedy passes themselves are predicted no slower than
+    fifo on at least 10 of 12 random batches (measured: 11 of 12)."""
+    wins = 0
+    for seed in range(12):
+        samples, sections, cm = _random_case(seed)
+        fifo = simulate(fifo_schedule(samples, sections), samples, sections, cm).step_time
+        alone = wavefront_schedule(samples, sections, cm, with_fifo=False)
+        wins += simulate(alone, samples, sections, cm).step_time <= fifo * (1 + 1e-12)
+    assert wins >= 10, wins
 
 
 def test_contention_is_fitted_and_divided_out_of_the_rows():
