@@ -91,6 +91,11 @@ def _plan() -> None:
 
     print("maestro plan mllm --gpus 256 (paper-like MLLM on the analytical H100 model):")
     cli_main(["plan", "mllm", "--gpus", "256", "--simulate-top", "1"])
+    print(
+        "   (the planner searches only what `maestro train` runs, and the baseline gets FSDP "
+        "and TP too: where the saving is 0%, Maestro's best plan is the monolithic layout; "
+        "colocated sections, `maestro plan --colocate`, are not runnable yet)"
+    )
 
 
 #: (title, function) pairs run in order by ``make demo``.
