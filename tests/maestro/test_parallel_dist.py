@@ -211,3 +211,78 @@ def test_mllm_zero_checkpoint_resumes_under_fsdp(tmp_path):
     first = MLLM.format(vision="", llm="dp = 2\nzero = 1")
     second = MLLM.format(vision="fsdp = 2", llm="tp = 2")
     _resume_across(tmp_path, first, second, ["vision", "llm"])
+
+
+# -- sharded checkpoints (``--checkpoint-format sharded``, torch.distributed.checkpoint) ------
+
+
+def _sharded_resume(tmp_path, first: str, seconds: dict[str, str], trained):
+    """Train 2 steps under ``first`` writing sharded checkpoints, then resume each layout of
+    ``seconds`` for 2 more; weights and losses equal ``reference_train``."""
+    d = tmp_path / "ckpt"
+    cfg1 = C.loads(first.replace("steps = 3", "steps = 2"))
+    opts = _opts(checkpoint_every=2, checkpoint_dir=str(d), checkpoint_format="sharded")
+    launch(cfg1, opts=opts, timeout_s=300)
+    found = ck.latest(d)
+    assert found is not None and found.next_step == 2 and found.format == "sharded"
+    for label, second in seconds.items():
+        cfg2 = C.loads(second.replace("steps = 3", "steps = 4"))
+        out = tmp_path / f"out-{label}"
+        res = launch(
+            cfg2,
+            opts=_opts(checkpoint_dir=str(d), resume=True, save_dir=str(out)),
+            timeout_s=300,
+        )
+        assert res["start_step"] == 2, label
+        graph, losses = reference_train(cfg2)
+        for name in trained:
+            err = _rel_err(torch.load(out / f"{name}.pt"), graph[name].module.state_dict())
+            assert err <= 1e-10, f"{label} {name}: relative error {err:.3g} after resuming"
+        torch.testing.assert_close(
+            torch.tensor(res["losses"]), torch.tensor(losses), rtol=1e-10, atol=0
+        )
+    return d
+
+
+def test_sharded_checkpoint_fsdp2xtp2_resumes_same_layout_and_dp1(tmp_path):
+    """student fsdp=2 x tp=2: every rank writes its own DCP shards; resumes under the same
+    layout and under dp=1 (DCP reshards the DTensors)."""
+    kw = {"scheduler": "fifo", "teacher_mbs": 4}
+    first = KD.format(teacher="", student="fsdp = 2\ntp = 2", **kw)
+    d = _sharded_resume(
+        tmp_path,
+        first,
+        {"same": first, "dp1": KD.format(teacher="", student="", **kw)},
+        ["student"],
+    )
+    # every rank of the sharded section wrote a shard file
+    files = [f.name for f in ck.section_dir(d, 2, "student").iterdir()]
+    assert sum(f.endswith(".distcp") for f in files) == 4, files
+
+
+def test_sharded_checkpoint_zero1_and_tp_resume_across_layouts(tmp_path):
+    """MLLM vision tp=2 + llm dp=2 zero=1 (ZeRO's slices in the parameter's layout) ->
+    vision fsdp=2 + llm tp=2."""
+    first = MLLM.format(vision="tp = 2", llm="dp = 2\nzero = 1")
+    second = MLLM.format(vision="fsdp = 2", llm="tp = 2")
+    _sharded_resume(tmp_path, first, {"fsdp_tp": second}, ["vision", "llm"])
+
+
+def test_truncated_shard_falls_back_to_previous_checkpoint(tmp_path):
+    """A truncated shard file of the newest sharded checkpoint: ``latest`` falls back to the
+    previous complete one, and ``Checkpoint.section`` reads it whole in one process."""
+    d = tmp_path / "ckpt"
+    text = KD.format(teacher="", student="fsdp = 2", scheduler="fifo", teacher_mbs=4)
+    cfg = C.loads(text)
+    opts = _opts(checkpoint_every=1, checkpoint_dir=str(d), checkpoint_format="sharded")
+    launch(cfg, opts=opts, timeout_s=300)
+    assert ck.latest(d).next_step == 3
+    shard = sorted(ck.section_dir(d, 3, "student").glob("*.distcp"))[-1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    found = ck.latest(d)
+    assert found is not None and found.next_step == 2 and found.format == "sharded"
+    st = found.section("student")
+    want = get_workload(cfg).build_module("student").state_dict()
+    assert set(st["module"]) == set(want)
+    assert all(st["module"][k].shape == want[k].shape for k in want)
+    assert st["optimizer"]["state"] and st["optimizer"]["param_groups"]

@@ -41,6 +41,50 @@ def _is_dtensor(t) -> bool:
     return isinstance(t, DTensor)
 
 
+def _packed(t) -> tuple[int, int] | None:
+    """``(dim, parts)`` of a DTensor split with ``_StridedShard`` (TP's packed qkv: each rank
+    holds ``[q_r; k_r; v_r]``), whose local shard is no single block of the global tensor."""
+    from torch.distributed.tensor.placement_types import Shard, _StridedShard
+
+    if not _is_dtensor(t):
+        return None
+    strided = [pl for pl in t.placements if isinstance(pl, _StridedShard)]
+    if len(strided) != 1:
+        return None
+    d = strided[0].dim
+    others = [pl for pl in t.placements if isinstance(pl, Shard) and pl is not strided[0]]
+    if any(pl.dim == d for pl in others):
+        return None
+    return d, strided[0].split_factor
+
+
+def _unfold(t, d: int, k: int):
+    """DTensor ``t`` (``_StridedShard(d, k)``) viewed with dim ``d`` split into ``(k, n / k)``:
+    then the strided split is a plain ``Shard(d + 1)``, which DCP can write and reshard; the
+    local tensor is a view of ``t``'s (loading into it loads ``t``)."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.placement_types import Shard, _StridedShard
+
+    loc = t.to_local()
+    view = loc.view(*loc.shape[:d], k, loc.shape[d] // k, *loc.shape[d + 1 :])
+    placements = [
+        Shard(d + 1)
+        if isinstance(pl, _StridedShard)
+        else (Shard(pl.dim + 1) if isinstance(pl, Shard) and pl.dim > d else pl)
+        for pl in t.placements
+    ]
+    shape = torch.Size([*t.shape[:d], k, t.shape[d] // k, *t.shape[d + 1 :]])
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(
+        view, t.device_mesh, placements, run_check=False, shape=shape, stride=stride
+    )
+
+
+def _fold(full: torch.Tensor, d: int) -> torch.Tensor:
+    """Undo ``_unfold``'s split of dim ``d`` on a whole tensor."""
+    return full.reshape(*full.shape[:d], full.shape[d] * full.shape[d + 1], *full.shape[d + 2 :])
+
+
 def _fqns(module: nn.Module, params: Sequence[nn.Parameter]) -> list[str]:
     names = {id(p): n for n, p in module.named_parameters()}
     return [names[id(p)] for p in params]
@@ -124,6 +168,12 @@ def save_section(
                     sd[f"optim.{fqns[i]}.{k}"] = v
                 else:
                     meta["nontensor"].setdefault(fqns[i], {})[k] = v
+    meta["packed"] = {}
+    for key, v in list(sd.items()):
+        pk = _packed(v)
+        if pk is not None:
+            sd[key] = _unfold(v, *pk)
+            meta["packed"][key] = pk
     dcp.save(
         sd,
         storage_writer=dcp.FileSystemWriter(tmp),
@@ -200,12 +250,39 @@ def load_section(
             fqn, _, k = key[len("optim.") :].rpartition(".")
             p = params[index[fqn]].detach()
             dt = m.properties.dtype
-            if tuple(m.size) == tuple(p.shape):
+            if len(m.size) > 0 and m.size.numel() == p.numel():  # also packed (unfolded)
                 dst[key] = torch.zeros_like(p, dtype=dt)  # a DTensor like p where p is one
             else:
                 dst[key] = torch.zeros(tuple(m.size), dtype=dt)
-    dcp.load(dst, storage_reader=dcp.FileSystemReader(path), no_dist=True)
-    set_model_state_dict(module, {k[len("model.") :]: dst[k] for k in msd})
+    # packed (strided) tensors: DCP reshards the unfolded view when both layouts pack alike;
+    # otherwise that tensor is read whole and cut locally (TP's qkv weights and moments only)
+    packed_saved = meta.get("packed", {})
+    into: dict = {}
+    whole: dict = {}
+    for key, v in dst.items():
+        cur, saved = _packed(v), packed_saved.get(key)
+        if saved is not None:
+            saved = tuple(saved)
+        if cur is not None and cur == saved:
+            into[key] = _unfold(v, *cur)
+        elif cur is not None or saved is not None:
+            m = md[key]
+            into[key] = torch.zeros(tuple(m.size), dtype=m.properties.dtype)
+            whole[key] = saved
+        else:
+            into[key] = v
+    dcp.load(into, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    for key, saved in whole.items():
+        from maestro.parallel.state import shard_like
+
+        full = into[key] if saved is None else _fold(into[key], saved[0])
+        v = dst[key]
+        with torch.no_grad():
+            if _is_dtensor(v):
+                v.to_local().copy_(shard_like(full, v, as_local=True))
+            else:
+                v.copy_(full.reshape(v.shape))
+    set_model_state_dict(module, {k: dst[f"model.{k}"] for k in msd})
     if optimizer is None:
         return
     zero = isinstance(optimizer, ZeroOptimizer)
@@ -238,6 +315,8 @@ def read_full(path: Path) -> dict:
         if isinstance(m, TensorStorageMetadata)
     }
     dcp.load(dst, storage_reader=dcp.FileSystemReader(path), no_dist=True)
+    for key, (d, _k) in meta.get("packed", {}).items():
+        dst[key] = _fold(dst[key], d)
     module = {k[len("model.") :]: v for k, v in dst.items() if k.startswith("model.")}
     if meta["param_groups"] is None:
         return {"module": module, "optimizer": None}

@@ -437,6 +437,40 @@ class MaestroWorker:
             opt = pstate.full_optimizer_state(self.optimizer, self.params)
         return {self.name: (module, opt)} if self.replica == 0 and self.leader else {}
 
+    def _layout_dict(self) -> dict:
+        sc = self.config.sections[self.name]
+        return {"dp": sc.dp, "fsdp": sc.fsdp, "tp": sc.tp, "zero": sc.zero}
+
+    def _checkpoint_group(self):
+        """The process group over this section's ranks (DCP's), created on first use by
+        every rank for every multi-rank section in the same order (so call on all ranks)."""
+        if not hasattr(self, "_ck_groups"):
+            self._ck_groups = {}
+            for spec in self.specs:
+                ranks = self.layout[spec.name]
+                if len(ranks) > 1:
+                    self._ck_groups[spec.name] = dist.new_group(ranks)
+        return self._ck_groups.get(self.name)
+
+    def save_sharded(self, d, next_step: int) -> list[str]:
+        """``--checkpoint-format sharded``: write this section's DCP directory of step
+        ``next_step`` (every rank of a sharded section its own shards; a replicated
+        section's replica 0 alone). Call on every rank; returns the sections this rank
+        wrote (as coordinator)."""
+        from maestro.parallel import dcp as pdcp
+        from maestro.runtime.checkpoint import section_dir
+
+        group = self._checkpoint_group()
+        final = section_dir(d, next_step, self.name)
+        opt, lay = self.optimizer, self._layout_dict()
+        if self.strategy is not None or self.optimizer_is_zero:
+            pdcp.save_section(final, self.section.module, opt, self.params, group=group, layout=lay)
+            return [self.name] if group is None or dist.get_rank(group) == 0 else []
+        if self.replica != 0:
+            return []
+        pdcp.save_section(final, self.section.module, opt, self.params, layout=lay)
+        return [self.name]
+
     @property
     def optimizer_is_zero(self) -> bool:
         """Whether this section's optimizer state is sharded by ZeRO-1."""
@@ -449,6 +483,19 @@ class MaestroWorker:
         (written under any layout)."""
         if self.name not in ckpt.sections:
             raise ValueError(f"checkpoint has no state for section {self.name!r}")
+        if getattr(ckpt, "format", "full") == "sharded":
+            from maestro.parallel import dcp as pdcp
+            from maestro.runtime.checkpoint import section_dir
+
+            pdcp.load_section(
+                section_dir(ckpt.dir, ckpt.next_step, self.name),
+                self.section.module,
+                self.optimizer,
+                self.params,
+                where=f"section {self.name!r}",
+                layout=self._layout_dict(),
+            )
+            return
         st = ckpt.section(self.name)
         if self.optimizer is not None and st["optimizer"] is None:
             raise ValueError(f"checkpoint has no optimizer state for section {self.name!r}")
