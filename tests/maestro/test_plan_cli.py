@@ -150,3 +150,23 @@ def test_bad_scenario_file_names_the_field(tmp_path, capsys):
     bad.write_text("[scenario\n")
     assert main(["plan", str(bad)]) == 2
     assert "invalid TOML" in capsys.readouterr().err
+
+
+def test_scenario_report_prints_both_baselines_side_by_side(kd16):
+    """Tuned (length-balanced monolithic) and conventional (one configuration, data order)
+    baselines, each with its own saving; the savings are those of the printed plans."""
+    from maestro.plan import SearchOptions, compare, format_comparison
+
+    c = compare(kd16, 16, SearchOptions(simulate_top=1), match=False)
+    assert c.conventional is not None and c.conventional.monolithic
+    text = format_comparison("kd", 16, c)
+    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
+    assert float(rows["conventional"][4]) == pytest.approx(
+        c.conventional.gpu_hours_per_million, abs=0.01
+    )
+    want = 1 - c.maestro.gpu_hours_per_million / c.conventional.gpu_hours_per_million
+    assert c.saving_conventional == pytest.approx(want)
+    assert f"{100 * c.saving_conventional:.1f}% vs the conventional one" in text
+    # a run config's tuned search is data order already: one baseline, no second row
+    run = compare(kd16, 16, SearchOptions(simulate_top=1, balance_monolithic=False), match=False)
+    assert run.conventional is None and "conventional" not in format_comparison("kd", 16, run)
