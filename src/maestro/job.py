@@ -42,7 +42,6 @@ What the runtime needs from a job, with its default:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -283,12 +282,6 @@ class Job:
             else:
                 self._orders = {epoch: list(range(n))}
         return self._orders[epoch]
-
-    def epoch_of(self, step: int) -> float:
-        """How many passes over the dataset the first ``step`` steps make."""
-        if self.dataset is None:
-            return math.nan
-        return step * self.config.global_batch / len(self.dataset)
 
     def sample_infos(self, batch: Sequence[Sample], graph: SectionGraph) -> list[SampleInfo]:
         """What a scheduler needs about each sample: the sections it activates and its cost."""
