@@ -1,20 +1,60 @@
 """Quiver: low-latency, high-throughput GNN serving on CPUs and GPUs.
 
-The public API keeps torch-quiver's core names (``CSRTopo``, ``quiver.pyg.GraphSageSampler``,
-``Feature``) so its users can switch. Heavy submodules are imported lazily.
+The public API keeps torch-quiver's names (``quiver.CSRTopo``, ``quiver.pyg.GraphSageSampler``,
+``quiver.Feature``, ``quiver.utils``, ``quiver.p2pCliqueTopo``, ``quiver.init_p2p``,
+``quiver.generate_neighbour_num``, ``quiver.HybridSampler``) so its users can switch; README's
+"Coming from torch-quiver" maps each one. Submodules and names are imported on first use, so
+``import quiver`` stays cheap.
 """
 
 from quiver._version import __version__
 
-__all__ = ["__version__", "CSRTopo", "Feature", "HybridSampler"]
+__all__ = [
+    "__version__",
+    "CSRTopo",
+    "Feature",
+    "GraphSageSampler",
+    "HybridSampler",
+    "generate_neighbour_num",
+    "init_p2p",
+    "p2pCliqueTopo",
+]
 
-# name -> module that defines it; imported on first attribute access so `import quiver` stays cheap
-_LAZY = {"CSRTopo": "quiver.graph", "Feature": "quiver.feature", "HybridSampler": "quiver.hybrid"}
+# name -> (module that defines it, its name there); imported on first attribute access
+_LAZY = {
+    "CSRTopo": ("quiver.graph", "CSRTopo"),
+    "Feature": ("quiver.feature", "Feature"),
+    "GraphSageSampler": ("quiver.pyg", "GraphSageSampler"),
+    "HybridSampler": ("quiver.hybrid", "HybridSampler"),
+    "generate_neighbour_num": ("quiver.utils", "generate_neighbour_num"),
+    "init_p2p": ("quiver.utils", "init_p2p"),
+    "p2pCliqueTopo": ("quiver.utils", "Topo"),
+}
+# submodules reachable as attributes after a bare `import quiver` (torch-quiver's `quiver.pyg`)
+_SUBMODULES = (
+    "datasets",
+    "feature",
+    "graph",
+    "hybrid",
+    "models",
+    "pyg",
+    "sampling",
+    "serving",
+    "utils",
+    "workload",
+)
 
 
 def __getattr__(name):
-    if name in _LAZY:
-        import importlib
+    import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name in _LAZY:
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(module), attr)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"quiver.{name}")
     raise AttributeError(f"module 'quiver' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))

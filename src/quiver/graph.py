@@ -1,11 +1,19 @@
 """Graph topology in compressed sparse row (CSR) form: ``CSRTopo``.
 
-Row ``v`` of the CSR lists the *in-neighbours* of ``v``: for an edge ``src -> dst`` (PyG's
-message flow, ``edge_index[0]`` = source, ``edge_index[1]`` = target), ``src`` appears in row
-``dst``. Sampling the neighbourhood of a seed therefore reads one row per node, exactly the
-nodes whose messages reach it. All ids are int64 torch tensors; on disk the topology is a
-directory of ``.npy`` files that can be memory-mapped so graphs larger than RAM load in O(1)
-memory.
+Row ``v`` of the CSR lists the neighbours the sampler draws for ``v``; their messages flow to
+``v`` (sampled edges are ``indices -> row``). Which end of an edge list becomes the row is the
+``orientation`` of the build:
+
+- ``"out"`` (torch-quiver's ``CSRTopo(edge_index)``): row ``u = edge_index[0]`` lists its
+  out-neighbours ``edge_index[1]``; repeated edges are dropped (``coalesce=True``), as
+  torch-quiver's COO -> CSR conversion does.
+- ``"in"`` (PyG's message flow, ``edge_index[0]`` = source, ``edge_index[1]`` = target, quiver's
+  ``from_edge_index``/``from_pyg`` and every prepared dataset): row ``v`` lists its
+  in-neighbours, the nodes whose messages reach it in a PyG model.
+
+On the usual undirected (symmetrised) graphs both give the same CSR. All ids are int64 torch
+tensors; on disk the topology is a directory of ``.npy`` files that can be memory-mapped so
+graphs larger than RAM load in O(1) memory.
 """
 
 from __future__ import annotations
@@ -19,6 +27,13 @@ import torch
 __all__ = ["CSRTopo"]
 
 _META = "topo.json"
+
+ORIENTATIONS = ("out", "in")
+_ORIENTATION_TEXT = {
+    "in": "in-neighbours (row = target)",
+    "out": "out-neighbours (row = source)",
+    None: "as given (CSR input)",
+}
 
 
 def _as_int64_numpy(x, name: str) -> np.ndarray:
@@ -46,44 +61,69 @@ def _to_tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
-def _counting_sort_by_target(
-    src: np.ndarray, dst: np.ndarray, num_nodes: int
+def _counting_sort_by_row(
+    col: np.ndarray, row: np.ndarray, num_nodes: int, coalesce: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Group edges by target, keeping the original order inside each row (a stable sort).
+    """Group edges by ``row``: keep the input order inside each row (a stable sort), or, with
+    ``coalesce``, sort each row by ``col`` and keep one edge per ``(row, col)`` pair (the first).
 
-    Returns ``(indptr [N+1], indices [E], eid [E])`` where ``eid[j]`` is the position in the
+    Returns ``(indptr [N+1], indices [E'], eid [E'])`` where ``eid[j]`` is the position in the
     input edge list of the edge stored at CSR slot ``j``.
     """
-    counts = np.bincount(dst, minlength=num_nodes)
+    if coalesce:
+        key = row * np.int64(num_nodes) + col
+        _, eid = np.unique(key, return_index=True)  # sorted by (row, col), first occurrence
+        eid = eid.astype(np.int64, copy=False)
+        counts = np.bincount(row[eid], minlength=num_nodes)
+    else:
+        counts = np.bincount(row, minlength=num_nodes)
+        eid = np.argsort(row, kind="stable").astype(np.int64, copy=False)
     indptr = np.zeros(num_nodes + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
-    eid = np.argsort(dst, kind="stable").astype(np.int64, copy=False)
-    indices = src[eid]
+    indices = col[eid]
     return indptr, indices, eid
 
 
 class CSRTopo:
-    """CSR topology of a directed graph, rows = targets, columns = their in-neighbours.
+    """CSR topology of a graph: row ``v`` lists the neighbours sampled for ``v``.
 
     Build it with one of:
 
-    - ``CSRTopo(edge_index=ei)`` / ``CSRTopo.from_edge_index(ei, num_nodes=None)``: ``ei`` is a
-      ``[2, E]`` integer tensor or array, row 0 sources, row 1 targets;
-    - ``CSRTopo(indptr=p, indices=i)`` / ``CSRTopo.from_csr(p, i, eid=None)``: an existing CSR
-      whose row ``v`` holds the in-neighbours of ``v``;
+    - ``CSRTopo(edge_index)``: torch-quiver's constructor and semantics: row
+      ``edge_index[0]``, neighbours ``edge_index[1]`` (``orientation="out"``), repeated edges
+      dropped (``coalesce=True``). Pass ``orientation="in", coalesce=False`` for PyG's
+      in-neighbour convention (the same as ``from_edge_index``);
+    - ``CSRTopo.from_edge_index(ei, num_nodes=None)``: quiver's PyG-convention constructor,
+      ``ei[0]`` sources, ``ei[1]`` targets, row ``v`` = in-neighbours of ``v``
+      (``orientation="in"``), repeated edges kept (``coalesce=False``);
+    - ``CSRTopo(indptr=p, indices=i)`` / ``CSRTopo.from_csr(p, i, eid=None)``: an existing CSR,
+      used as given;
     - ``CSRTopo.from_scipy(m)``: ``m[i, j] != 0`` means an edge ``i -> j`` (the convention of
-      ``torch_geometric.utils.to_scipy_sparse_matrix``);
-    - ``CSRTopo.from_pyg(data)``: a ``torch_geometric.data.Data`` with ``edge_index``;
+      ``torch_geometric.utils.to_scipy_sparse_matrix``); rows = in-neighbours;
+    - ``CSRTopo.from_pyg(data)``: a ``torch_geometric.data.Data`` with ``edge_index``, rows =
+      in-neighbours (what PyG's own samplers draw);
     - ``CSRTopo.load(directory, mmap=False)``: a directory written by :meth:`save`.
 
     Args:
-        edge_index: ``[2, E]`` integer edges, source -> target.
+        edge_index: ``[2, E]`` integer edges.
         indptr: ``[N + 1]`` row pointers, non-decreasing, ``indptr[0] == 0``.
-        indices: ``[E]`` in-neighbour ids, each in ``[0, N)``.
+        indices: ``[E]`` neighbour ids, each in ``[0, N)``.
         eid: optional ``[E]`` edge ids: ``eid[j]`` is the id (position in the original edge
-            list) of the edge stored at CSR slot ``j``. ``from_edge_index`` always sets it.
-        num_nodes: node count for ``edge_index`` input; default ``max id + 1``.
+            list) of the edge stored at CSR slot ``j``. Edge-list builds always set it.
+        num_nodes: node count for ``edge_index`` input; default ``max id + 1`` over both rows
+            (torch-quiver sizes rows by ``edge_index[0]`` only; ids beyond it are isolated here).
         validate: check ids and pointers (O(E)); ``load`` skips it for trusted files.
+        orientation: ``edge_index`` input only. ``"out"`` (default, torch-quiver): row ``u``
+            holds the targets ``edge_index[1]`` of its edges; ``"in"`` (PyG): row ``v`` holds
+            the sources ``edge_index[0]`` of the edges into it.
+        coalesce: ``edge_index`` input only. ``True`` (default, torch-quiver) keeps one edge
+            per ``(row, neighbour)`` pair (its first occurrence, for ``eid``) and sorts each row
+            by neighbour id; ``False`` keeps repeated edges and the input order within a row.
+
+    Attributes:
+        feature_order: optional ``[N]`` int64 tensor, torch-quiver's feature order:
+            ``feature_order[v]`` is the row of node ``v`` in a feature tensor stored in that
+            order. :class:`quiver.Feature` built with this topology reads it (see there).
     """
 
     def __init__(
@@ -94,12 +134,19 @@ class CSRTopo:
         eid=None,
         num_nodes: int | None = None,
         validate: bool = True,
+        *,
+        orientation: str = "out",
+        coalesce: bool = True,
     ):
+        if orientation not in ORIENTATIONS:
+            raise ValueError(f"orientation must be 'out' or 'in', got {orientation!r}")
+        self._orientation: str | None = None
         if edge_index is not None:
             if indptr is not None or indices is not None:
                 raise ValueError("give either edge_index or indptr+indices, not both")
-            ip, ix, ei = self._build_from_edge_index(edge_index, num_nodes)
+            ip, ix, ei = self._build_from_edge_index(edge_index, num_nodes, orientation, coalesce)
             self._indptr, self._indices, self._eid = _to_tensor(ip), _to_tensor(ix), _to_tensor(ei)
+            self._orientation = orientation
         else:
             if indptr is None or indices is None:
                 raise ValueError("CSRTopo needs edge_index, or both indptr and indices")
@@ -109,17 +156,33 @@ class CSRTopo:
             if validate:
                 self._validate_csr(num_nodes)
         self._degree: torch.Tensor | None = None
+        self._feature_order: torch.Tensor | None = None
 
     # ----------------------------------------------------------------- constructors
 
     @classmethod
-    def from_edge_index(cls, edge_index, num_nodes: int | None = None) -> CSRTopo:
-        """Build from ``[2, E]`` edges (row 0 source, row 1 target); sets ``eid``."""
-        return cls(edge_index=edge_index, num_nodes=num_nodes)
+    def from_edge_index(
+        cls,
+        edge_index,
+        num_nodes: int | None = None,
+        *,
+        orientation: str = "in",
+        coalesce: bool = False,
+    ) -> CSRTopo:
+        """Build from ``[2, E]`` edges; sets ``eid``.
+
+        Defaults to PyG's convention (row 0 source, row 1 target, row ``v`` = in-neighbours of
+        ``v``, repeated edges kept); ``orientation="out", coalesce=True`` gives
+        torch-quiver's ``CSRTopo(edge_index)``.
+        """
+        return cls(
+            edge_index=edge_index, num_nodes=num_nodes, orientation=orientation, coalesce=coalesce
+        )
 
     @classmethod
     def from_csr(cls, indptr, indices, eid=None, validate: bool = True) -> CSRTopo:
-        """Wrap an in-neighbour CSR (row ``v`` = in-neighbours of ``v``); no copy for int64."""
+        """Wrap an existing CSR (row ``v`` = the neighbours sampled for ``v``); no copy for
+        int64 input."""
         return cls(indptr=indptr, indices=indices, eid=eid, validate=validate)
 
     @classmethod
@@ -136,7 +199,9 @@ class CSRTopo:
             raise ValueError(f"adjacency matrix must be square, got shape {matrix.shape}")
         csc = matrix.tocsc()
         csc.sort_indices()
-        return cls(indptr=csc.indptr, indices=csc.indices)
+        topo = cls(indptr=csc.indptr, indices=csc.indices)
+        topo._orientation = "in"
+        return topo
 
     @classmethod
     def from_pyg(cls, data) -> CSRTopo:
@@ -144,10 +209,12 @@ class CSRTopo:
         edge_index = getattr(data, "edge_index", None)
         if edge_index is None:
             raise ValueError("PyG data object has no edge_index")
-        return cls(edge_index=edge_index, num_nodes=data.num_nodes)
+        return cls(
+            edge_index=edge_index, num_nodes=data.num_nodes, orientation="in", coalesce=False
+        )
 
     @staticmethod
-    def _build_from_edge_index(edge_index, num_nodes):
+    def _build_from_edge_index(edge_index, num_nodes, orientation, coalesce):
         ei = _as_int64_numpy(edge_index, "edge_index")
         if ei.ndim != 2 or ei.shape[0] != 2:
             raise ValueError(f"edge_index must have shape [2, E], got {list(ei.shape)}")
@@ -159,7 +226,9 @@ class CSRTopo:
             num_nodes = max_id + 1
         elif num_nodes <= max_id:
             raise ValueError(f"edge_index holds node id {max_id} but num_nodes is {num_nodes}")
-        return _counting_sort_by_target(src, dst, int(num_nodes))
+        if orientation == "out":
+            return _counting_sort_by_row(dst, src, int(num_nodes), coalesce)
+        return _counting_sort_by_row(src, dst, int(num_nodes), coalesce)
 
     @staticmethod
     def _tensor_1d(x, name: str) -> torch.Tensor:
@@ -202,7 +271,8 @@ class CSRTopo:
 
     @property
     def indices(self) -> torch.Tensor:
-        """``[E]`` int64 in-neighbour (source) ids, grouped by target."""
+        """``[E]`` int64 neighbour ids, grouped by row (in-neighbours for ``orientation="in"``,
+        out-neighbours for ``"out"``)."""
         return self._indices
 
     @property
@@ -222,10 +292,35 @@ class CSRTopo:
 
     @property
     def degree(self) -> torch.Tensor:
-        """``[N]`` int64 in-degree of every node (computed once, cached)."""
+        """``[N]`` int64 row length of every node: its in-degree for ``orientation="in"``, its
+        out-degree (after coalescing) for ``"out"``. Computed once, cached."""
         if self._degree is None:
             self._degree = self._indptr[1:] - self._indptr[:-1]
         return self._degree
+
+    @property
+    def orientation(self) -> str | None:
+        """How an edge list became rows: ``"out"`` (row = ``edge_index[0]``), ``"in"`` (row =
+        ``edge_index[1]``), or ``None`` for a CSR given as is."""
+        return self._orientation
+
+    @property
+    def feature_order(self) -> torch.Tensor | None:
+        """torch-quiver's feature order: ``feature_order[v]`` = row of node ``v`` in a
+        feature tensor stored in that order, or ``None``. Settable; checked for length."""
+        return self._feature_order
+
+    @feature_order.setter
+    def feature_order(self, order) -> None:
+        if order is None:
+            self._feature_order = None
+            return
+        t = self._tensor_1d(order, "feature_order")
+        if t.numel() != self.node_count:
+            raise ValueError(
+                f"feature_order has {t.numel()} entries but the graph has {self.node_count} nodes"
+            )
+        self._feature_order = t
 
     @property
     def device(self) -> torch.device:
@@ -252,7 +347,25 @@ class CSRTopo:
         out = CSRTopo.__new__(CSRTopo)
         out._indptr, out._indices, out._eid = indptr, indices, eid
         out._degree = None
+        out._orientation = self._orientation
+        out._feature_order = self._feature_order
         return out
+
+    def __setstate__(self, state: dict) -> None:
+        # objects pickled before orientation/feature_order existed
+        state.setdefault("_orientation", None)
+        state.setdefault("_feature_order", None)
+        self.__dict__.update(state)
+
+    def share_memory_(self) -> CSRTopo:
+        """Move the tensors (``indptr``, ``indices``, ``eid``, ``feature_order``) to shared
+        memory, as torch-quiver does before handing a topology to worker processes; returns
+        ``self``. (Pickling through ``torch.multiprocessing`` shares them anyway.) A
+        memory-mapped topology is copied into shared memory."""
+        for t in (self._indptr, self._indices, self._eid, self._feature_order, self._degree):
+            if t is not None and t.device.type == "cpu":
+                t.share_memory_()
+        return self
 
     def to(self, device) -> CSRTopo:
         """Return a copy of the topology on ``device`` (``self`` if already there)."""
@@ -274,7 +387,9 @@ class CSRTopo:
         return self._replace(self._indptr.cpu().pin_memory(), self._indices.cpu().pin_memory(), eid)
 
     def to_edge_index(self) -> torch.Tensor:
-        """``[2, E]`` int64 edges (source, target) in CSR order."""
+        """``[2, E]`` int64 message-flow edges in CSR order: row 0 the neighbour (message
+        source), row 1 the node whose row holds it. For ``orientation="in"`` these are the
+        original edges; for ``"out"`` they are the original edges reversed."""
         dst = torch.repeat_interleave(
             torch.arange(self.node_count, device=self.device), self.degree
         )
@@ -310,7 +425,7 @@ class CSRTopo:
             "format": "quiver.CSRTopo/1",
             "node_count": self.node_count,
             "edge_count": self.edge_count,
-            "orientation": "in-neighbours (row = target)",
+            "orientation": _ORIENTATION_TEXT[self._orientation],
             "has_eid": self._eid is not None,
         }
 
@@ -338,6 +453,9 @@ class CSRTopo:
             if a is not None and a.dtype != np.int64:
                 raise ValueError(f"{d / (name + '.npy')} has dtype {a.dtype}, expected int64")
         topo = cls(indptr=indptr, indices=indices, eid=eid, validate=False)
+        if (d / _META).exists():
+            text = json.loads((d / _META).read_text()).get("orientation")
+            topo._orientation = {v: k for k, v in _ORIENTATION_TEXT.items()}.get(text)
         # cheap structural checks always; O(E) id checks only when asked
         if int(topo.indptr[-1]) != topo.edge_count:
             raise ValueError(f"corrupt topology in {d}: indptr[-1] != len(indices)")

@@ -8,6 +8,11 @@ crossover (``quiver calibrate DATASET_DIR`` stores it in the dataset's manifest)
 
 Without CUDA the second path is the same vectorized torch kernel on CPU tensors, so the
 routing logic and the calibration run (and are tested) on any machine.
+
+torch-quiver's ``HybridSampler(csr_topo, sizes, device_num, worker_num_per_device,
+batched_queue_list, cpu_range=[])`` is a different design (CPU sampling worker processes fed
+by queues): called with those arguments, ``HybridSampler`` builds a
+:class:`QueueHybridSampler`, which keeps that interface.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from quiver.workload import psgs as psgs_table_of
 
 __all__ = [
     "HybridSampler",
+    "QueueHybridSampler",
     "Calibration",
     "calibrate",
     "write_calibration",
@@ -43,8 +49,16 @@ def _default_gpu_device() -> torch.device | None:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
 
 
+# arguments only torch-quiver's HybridSampler takes (it needs at least five)
+_QUEUE_ARGS = frozenset({"device_num", "worker_num_per_device", "batched_queue_list", "cpu_range"})
+
+
 class HybridSampler:
     """Routes each batch to CPU or GPU sampling by its summed PSGS.
+
+    Called with torch-quiver's arguments (``device_num``, ``worker_num_per_device``,
+    ``batched_queue_list``, ...: five or more, where this class takes at most three
+    positionally), it returns a :class:`QueueHybridSampler` instead.
 
     A batch whose PSGS is ``>= threshold`` goes to the GPU path; smaller ones to the CPU path.
     Both paths return the same format (:class:`quiver.sampling.SampledSubgraph`, or
@@ -66,6 +80,11 @@ class HybridSampler:
         frontier: both paths expand only each hop's new nodes (PyG ``NeighborLoader``
             semantics, for ``forward(x, edge_index)`` models); default False.
     """
+
+    def __new__(cls, *args, **kwargs):
+        if cls is HybridSampler and (len(args) > 3 or _QUEUE_ARGS & kwargs.keys()):
+            return QueueHybridSampler(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -165,6 +184,84 @@ class HybridSampler:
 
 
 # ----------------------------------------------------------------------- calibration
+
+
+def _queue_worker(rank, task_queues, result_queues, device_num, sizes, csr_topo, cpu_range):
+    """One CPU sampling process of :class:`QueueHybridSampler` (``None`` task: stop)."""
+    from quiver.pyg import GraphSageSampler
+
+    if cpu_range:
+        os.sched_setaffinity(0, [cpu_range[rank % len(cpu_range)]])
+    sampler = GraphSageSampler(csr_topo, sizes, device="cpu", mode="CPU", num_threads=1)
+    tasks, results = task_queues[rank % device_num], result_queues[rank % device_num]
+    while (task := tasks.get()) is not None:
+        start = time.perf_counter()
+        res = sampler.sample(task)
+        results.put((res, time.perf_counter() - start))
+
+
+class QueueHybridSampler:
+    """torch-quiver's ``HybridSampler``: CPU sampling processes fed by request queues.
+
+    ``start()`` launches ``device_num * worker_num_per_device`` processes; worker ``r`` takes
+    seed batches from ``batched_queue_list[0][r % device_num]`` and puts
+    ``((n_id, batch_size, adjs), seconds)`` on ``sampled_request_queue_list()[0][r %
+    device_num]``; the GPU queues ``batched_queue_list[1]`` pass through untouched, as in
+    torch-quiver. Put ``None`` on a task queue (or call :meth:`stop`) to end its worker.
+
+    Args:
+        csr_topo: the graph (moved to shared memory).
+        sizes: fanouts, seeds' hop first.
+        device_num: number of GPU lanes (one result queue each).
+        worker_num_per_device: CPU sampling processes per lane.
+        batched_queue_list: ``[cpu_task_queues, gpu_task_queues]``, one queue per lane each.
+        cpu_range: CPU cores to pin the workers to, round robin (default: no pinning).
+    """
+
+    def __init__(
+        self, csr_topo, sizes, device_num, worker_num_per_device, batched_queue_list, cpu_range=()
+    ):
+        if int(device_num) < 1 or int(worker_num_per_device) < 1:
+            raise ValueError("device_num and worker_num_per_device must be >= 1")
+        if len(batched_queue_list) != 2 or len(batched_queue_list[0]) < int(device_num):
+            raise ValueError(
+                "batched_queue_list must be [cpu_queues, gpu_queues] with a cpu queue per device"
+            )
+        import torch.multiprocessing as mp
+
+        self.csr_topo = csr_topo.share_memory_()
+        self.sizes = [int(k) for k in sizes]
+        self.device_num = int(device_num)
+        self.cpu_num_workers = self.device_num * int(worker_num_per_device)
+        self.cpu_range = list(cpu_range)
+        self.cpu_batched_queue_list = batched_queue_list[0]
+        self.gpu_batched_queue_list = batched_queue_list[1]
+        self._ctx = mp.get_context("spawn")
+        self.cpu_sampled_queue_list = [self._ctx.Queue() for _ in range(self.device_num)]
+        self._procs = []
+
+    def start(self) -> None:
+        """Launch the CPU sampling processes (daemons)."""
+        for rank in range(self.cpu_num_workers):
+            args = (rank, self.cpu_batched_queue_list, self.cpu_sampled_queue_list)
+            args += (self.device_num, self.sizes, self.csr_topo, self.cpu_range)
+            p = self._ctx.Process(target=_queue_worker, args=args, daemon=True)
+            p.start()
+            self._procs.append(p)
+
+    def sampled_request_queue_list(self) -> list:
+        """``[cpu_sampled_queues, gpu_task_queues]``, as torch-quiver returns."""
+        return [self.cpu_sampled_queue_list, self.gpu_batched_queue_list]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Send every worker a stop task and wait for it (terminating stragglers)."""
+        for rank in range(len(self._procs)):
+            self.cpu_batched_queue_list[rank % self.device_num].put(None)
+        for p in self._procs:
+            p.join(timeout)
+            if p.is_alive():
+                p.terminate()
+        self._procs = []
 
 
 @dataclass

@@ -22,7 +22,7 @@ def topo() -> CSRTopo:
     w = 1.0 / np.arange(1, N + 1)
     src = rng.choice(N, size=4000, p=w / w.sum())
     dst = rng.integers(0, N, size=4000)
-    return CSRTopo(edge_index=np.stack([src, dst]), num_nodes=N)
+    return CSRTopo(edge_index=np.stack([src, dst]), num_nodes=N, orientation="in", coalesce=False)
 
 
 @pytest.fixture(scope="module")

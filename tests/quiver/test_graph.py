@@ -32,7 +32,7 @@ def test_exported_lazily_from_package():
 
 def test_from_edge_index_holds_in_neighbours():
     ei = _random_edges()
-    topo = CSRTopo(edge_index=ei, num_nodes=60)
+    topo = CSRTopo(edge_index=ei, num_nodes=60, orientation="in", coalesce=False)
     assert topo.node_count == 60 and topo.edge_count == 400
     assert topo.indptr.dtype == topo.indices.dtype == torch.int64
     assert _rows(topo) == _expected_in_rows(ei, 60)

@@ -33,7 +33,7 @@ def topo() -> CSRTopo:
     w /= w.sum()
     src = rng.permutation(n)[rng.choice(n, size=30000, p=w)]
     dst = rng.permutation(n)[rng.choice(n, size=30000, p=w)]
-    return CSRTopo(edge_index=np.stack([src, dst]), num_nodes=n)
+    return CSRTopo(edge_index=np.stack([src, dst]), num_nodes=n, orientation="in", coalesce=False)
 
 
 SIZES = [5, 3]

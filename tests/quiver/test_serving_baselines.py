@@ -37,7 +37,7 @@ serving_bench = _load("serving_bench_under_test", REPO / "bench/serving.py")
 def _random_graph(num_nodes: int, num_edges: int, seed: int) -> CSRTopo:
     gen = torch.Generator().manual_seed(seed)
     edge_index = torch.randint(0, num_nodes, (2, num_edges), generator=gen)
-    return CSRTopo(edge_index=edge_index, num_nodes=num_nodes)
+    return CSRTopo(edge_index=edge_index, num_nodes=num_nodes, orientation="in", coalesce=False)
 
 
 def _dgl_mean_sage_numpy(layers: dict, x: np.ndarray, adjs) -> np.ndarray:

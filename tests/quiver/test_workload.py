@@ -65,7 +65,7 @@ TINY_GRAPHS = [
 @pytest.mark.parametrize("frontier", [False, True])
 def test_psgs_equals_exact_enumeration(graph, sizes, frontier):
     edges, n = graph
-    topo = CSRTopo(edge_index=torch.tensor(edges).T, num_nodes=n)
+    topo = CSRTopo(edge_index=torch.tensor(edges).T, num_nodes=n, orientation="in", coalesce=False)
     rows = _rows(topo)
     table = psgs(topo, sizes, frontier=frontier)
     assert table.shape == (n,) and table.dtype == torch.float32
@@ -95,7 +95,9 @@ def _random_graph(n: int, avg_deg: int, seed: int) -> CSRTopo:
     src = rng.permutation(n)[rng.choice(n, size=e, p=weights)]
     dst = rng.permutation(n)[rng.choice(n, size=e, p=weights)]
     keep = src != dst
-    return CSRTopo(edge_index=np.stack([src[keep], dst[keep]]), num_nodes=n)
+    return CSRTopo(
+        edge_index=np.stack([src[keep], dst[keep]]), num_nodes=n, orientation="in", coalesce=False
+    )
 
 
 @pytest.mark.parametrize("frontier", [False, True])
@@ -148,7 +150,7 @@ def test_batch_psgs_sums_and_validates():
 
 
 def test_invalid_sizes_and_topology():
-    topo = CSRTopo(edge_index=torch.tensor([[0], [1]]))
+    topo = CSRTopo(edge_index=torch.tensor([[0], [1]]), orientation="in")
     with pytest.raises(ValueError):
         psgs(topo, [])
     with pytest.raises(ValueError):
@@ -199,7 +201,7 @@ FORESTS = [
 @pytest.mark.parametrize("frontier", [False, True])
 def test_access_probability_exact_on_forests(forest, sizes, frontier):
     edges, n = forest
-    topo = CSRTopo(edge_index=torch.tensor(edges).T, num_nodes=n)
+    topo = CSRTopo(edge_index=torch.tensor(edges).T, num_nodes=n, orientation="in", coalesce=False)
     p0 = np.random.default_rng(len(edges) + len(sizes)).uniform(0.05, 0.5, size=n)
     est = access_probability(topo, sizes, p0, frontier=frontier).double().numpy()
     exact = _exact_access(_rows(topo), p0, sizes, frontier)
@@ -208,7 +210,9 @@ def test_access_probability_exact_on_forests(forest, sizes, frontier):
 
 def test_design_recursion_overcounts_where_ours_is_exact():
     """DESIGN's P_l = 1-(1-P_{l-1}(v)) prod(1-P_{l-1}(u) w) is off on a 2-node chain."""
-    topo = CSRTopo(edge_index=torch.tensor([[1], [0]]), num_nodes=2)  # 0 samples 1
+    topo = CSRTopo(
+        edge_index=torch.tensor([[1], [0]]), num_nodes=2, orientation="in"
+    )  # 0 samples 1
     a, b = 0.3, 0.2
     exact = 1 - (1 - a) * (1 - b)  # 1 is read iff 0 or 1 is a seed
     ours = access_probability(topo, [1, 1], np.array([a, b])).double()[1].item()

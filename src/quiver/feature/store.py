@@ -10,7 +10,10 @@ Tiers, fastest first (DESIGN.md §1.4), each a contiguous block of rows in *hot 
 - ``disk``: (d) the memory-mapped file itself, holding all rows, for features larger than RAM.
 
 The hot order comes from a placement policy (FAP, degree, random) or is given. Gathers keep
-request order; :meth:`Feature.stats` counts rows served per tier.
+request order; :meth:`Feature.stats` counts rows served per tier. torch-quiver's forms work
+too: a pre-set ``csr_topo.feature_order``, ``from_mmap(array, DeviceConfig(...))``,
+``set_local_order`` and the IPC methods; a ``Feature`` pickles (CPU rows travel in shared
+memory under ``torch.multiprocessing``), so it can be passed to ``mp.spawn``.
 """
 
 from __future__ import annotations
@@ -28,9 +31,28 @@ from quiver.feature.placement import PLACEMENTS, hot_order
 from quiver.feature.sizes import parse_bytes
 from quiver.feature.tiers import CliqueTier, DiskTier, HostTier, ReplicatedTier, Tier
 
-__all__ = ["Feature", "CACHE_POLICIES"]
+__all__ = ["Feature", "CACHE_POLICIES", "DeviceConfig"]
 
 CACHE_POLICIES = ("device_replicate", "p2p_clique_replicate")
+
+
+class DeviceConfig:
+    """torch-quiver's explicit partition for :meth:`Feature.from_mmap`.
+
+    Args:
+        gpu_parts: one entry per device of ``device_list``: the rows that device caches, as
+            a 1-D tensor of node ids (rows of the array given to ``from_mmap``), or, when that
+            array is ``None``, a ``[rows, dim]`` feature tensor; or a path to such a tensor
+            (``.npy``, or a ``torch.save`` file).
+        cpu_part: the rows kept in host RAM, in the same forms.
+
+    The store's row ``i`` is row ``i`` of ``gpu_parts[rank]`` followed by ``cpu_part`` (as in
+    torch-quiver); map node ids to these rows with :meth:`Feature.set_local_order`.
+    """
+
+    def __init__(self, gpu_parts, cpu_part):
+        self.gpu_parts = gpu_parts
+        self.cpu_part = cpu_part
 
 
 def _as_device(d) -> torch.device:
@@ -116,7 +138,10 @@ class Feature:
         self.devices = [_as_device(d) for d in device_list]
         for d in self.devices:
             if d.type == "cuda" and not torch.cuda.is_available():
-                raise ValueError(f"device {d} requested but CUDA is not available")
+                raise ValueError(
+                    f"device {d} requested but CUDA is not available; "
+                    "use device_list=[] for a CPU-only store"
+                )
         if self.devices and not 0 <= int(rank) < len(self.devices):
             raise ValueError(f"rank {rank} out of range for {len(self.devices)} devices")
         self.rank = int(rank)
@@ -126,6 +151,7 @@ class Feature:
             raise ValueError("device_cache_size > 0 needs a non-empty device_list")
         self.cache_policy = cache_policy
         self.csr_topo = csr_topo
+        self._placement_given = placement is not None
         self.placement = placement if placement is not None else ("fap" if csr_topo else None)
         self._order_arg = order
         self.sizes, self.seed_prob, self.batch_size, self.seed = sizes, seed_prob, batch_size, seed
@@ -135,6 +161,7 @@ class Feature:
         self._disk_gather = RowGather(num_threads or 4 * n_threads)
         self._buffers = BufferPool() if recycle_outputs else None
         self.tiers: list[Tier] = []
+        self._id_map: np.ndarray | None = None  # node id -> row (set_local_order)
         self._shape: tuple[int, int] | None = None
         self._dtype: torch.dtype | None = None
         self._counts = np.zeros(0, dtype=np.int64)
@@ -167,10 +194,11 @@ class Feature:
     def _device_rows(self, row_bytes: int, n: int) -> int:
         return min(n, self.device_cache_size // row_bytes) if self.devices else 0
 
-    def _build_device_tier(self, rows_at, n: int, row_bytes: int) -> int:
+    def _build_device_tier(self, rows_at, n: int, row_bytes: int, per_dev=None) -> int:
         """Create the GPU tier from ``rows_at(lo, hi)`` (hot positions -> CPU tensor); returns
         the number of positions it covers for this rank."""
-        per_dev = self._device_rows(row_bytes, n)
+        if per_dev is None:
+            per_dev = self._device_rows(row_bytes, n)
         if per_dev == 0:
             return 0
         if self.cache_policy == "device_replicate":
@@ -190,13 +218,13 @@ class Feature:
         self.tiers.append(CliqueTier(0, cap, shards, self._gather))
         return cap
 
-    def _check_source(self, shape, dtype) -> tuple[int, int]:
+    def _check_source(self, shape, dtype, check_topo: bool = True) -> tuple[int, int]:
         if len(shape) != 2:
             raise ValueError(f"features must be 2-D [node_count, dim], got shape {list(shape)}")
         n, dim = int(shape[0]), int(shape[1])
         if n == 0 or dim == 0:
             raise ValueError(f"features must have rows and columns, got shape {[n, dim]}")
-        if self.csr_topo is not None and self.csr_topo.node_count != n:
+        if check_topo and self.csr_topo is not None and self.csr_topo.node_count != n:
             raise ValueError(f"features have {n} rows but csr_topo has {self.csr_topo.node_count}")
         self._shape, self._dtype = (n, dim), dtype
         return n, dim
@@ -215,27 +243,58 @@ class Feature:
 
     def from_cpu_tensor(self, x: torch.Tensor) -> Feature:
         """Load features from a ``[node_count, dim]`` CPU tensor: reorder rows once by the hot
-        order, fill the GPU tier, keep the rest in host RAM (pinned if a GPU reads it)."""
+        order, fill the GPU tier, keep the rest in host RAM (pinned if a GPU reads it).
+
+        If ``csr_topo.feature_order`` is set (torch-quiver's convention), ``x`` is taken to be
+        stored in that order: row ``feature_order[v]`` of ``x`` holds node ``v``, and that
+        order is the hot order unless ``placement``/``order`` was given. (Unlike torch-quiver,
+        an unset ``feature_order`` is not filled in; :meth:`hot_order` reports the order used.)
+        """
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"from_cpu_tensor expects a torch.Tensor, got {type(x).__name__}")
         n, dim = self._check_source(x.shape, x.dtype)
         x = x.detach().cpu()
-        perm = self._hot_order(n)
+        perm = None
+        order = getattr(self.csr_topo, "feature_order", None)
+        if order is not None:
+            order = order.cpu()
+            if not torch.equal(torch.sort(order).values, torch.arange(n)):
+                raise ValueError(f"csr_topo.feature_order must be a permutation of the {n} rows")
+            x = x[order]  # row v = node v
+            if self._order_arg is None and not self._placement_given:
+                perm = torch.argsort(order)  # the node stored first is the hottest
+        if perm is None:
+            perm = self._hot_order(n)
+        self._id_map = None
+        self._load_rows(x, perm)
+        return self
+
+    def _load_rows(self, x: torch.Tensor, perm: torch.Tensor, per_dev=None) -> None:
+        """Build the tiers from id-ordered rows ``x`` and the hot order ``perm``."""
+        n, dim = x.shape
         row_bytes = dim * x.element_size()
         self.tiers = []
-        g = self._build_device_tier(lambda lo, hi: x[perm[lo:hi]], n, row_bytes)
+        g = self._build_device_tier(lambda lo, hi: x[perm[lo:hi]], n, row_bytes, per_dev)
         if g < n:
             host = x[perm[g:]].contiguous()
             if any(d.type == "cuda" for d in self.devices):
                 host = host.pin_memory()
             self.tiers.append(HostTier(g, n, host, self._gather))
         self._finish(perm)
-        return self
 
-    def from_mmap(self, source) -> Feature:
+    def from_mmap(self, source, device_config: DeviceConfig | None = None) -> Feature:
         """Serve features from a memory-mapped ``.npy`` file (or an ``np.memmap``) holding all
         rows in id order: the hottest rows go to the GPU tier and a RAM cache of
-        ``host_cache_size`` bytes; the rest is read from the file on demand."""
+        ``host_cache_size`` bytes; the rest is read from the file on demand.
+
+        With a :class:`DeviceConfig` (torch-quiver's form), the store holds exactly the rows
+        it names: ``gpu_parts[rank]`` (on the devices; in host RAM when ``device_list`` is
+        empty) followed by ``cpu_part``, read from ``source`` (an array, or ``None`` when the
+        parts are feature tensors themselves). Row ``i`` of that sequence answers id ``i``
+        until :meth:`set_local_order` maps node ids to rows.
+        """
+        if device_config is not None:
+            return self._from_device_config(source, device_config)
         if isinstance(source, str | os.PathLike):
             path = Path(source)
             if not path.is_file():
@@ -248,6 +307,7 @@ class Feature:
         if not arr.flags.c_contiguous:
             raise ValueError("memory-mapped features must be C-contiguous (row-major)")
         n, dim = self._check_source(arr.shape, torch.from_numpy(arr[:0].copy()).dtype)
+        self._id_map = None
         perm = self._hot_order(n)
         perm_np = perm.numpy()
         row_bytes = dim * arr.itemsize
@@ -273,6 +333,130 @@ class Feature:
             self.tiers.append(DiskTier(g + ram, n, arr, perm_np, self._disk_gather))
         self._finish(perm)
         return self
+
+    def _from_device_config(self, source, config: DeviceConfig) -> Feature:
+        if not isinstance(config, DeviceConfig):
+            raise ValueError(f"device_config must be a DeviceConfig, got {type(config).__name__}")
+        if isinstance(source, str | os.PathLike):
+            source = np.load(source, mmap_mode="r")
+        if source is not None and not isinstance(source, np.ndarray | torch.Tensor):
+            raise ValueError(f"from_mmap expects an array or None, got {type(source).__name__}")
+        gpu_parts = list(config.gpu_parts)
+        if self.devices and len(gpu_parts) != len(self.devices):
+            raise ValueError(
+                f"DeviceConfig has {len(gpu_parts)} gpu_parts for {len(self.devices)} devices"
+            )
+        if self.devices and self.cache_policy != "device_replicate":
+            raise ValueError(
+                "from_mmap with a DeviceConfig supports cache_policy='device_replicate'"
+            )
+
+        def rows(part, name: str) -> torch.Tensor:
+            if isinstance(part, str | os.PathLike):
+                path = Path(part)
+                if not path.is_file():
+                    raise FileNotFoundError(f"DeviceConfig {name} file not found: {path}")
+                return torch.as_tensor(np.load(path) if path.suffix == ".npy" else torch.load(path))
+            if source is None:
+                return torch.as_tensor(part)
+            ids = torch.as_tensor(part).cpu()
+            if ids.dtype.is_floating_point or ids.dim() != 1:
+                raise ValueError(f"DeviceConfig {name} must be 1-D node ids when an array is given")
+            return torch.as_tensor(np.asarray(source[ids.numpy()]))
+
+        mine = rows(gpu_parts[self.rank], "gpu_parts") if gpu_parts else None
+        cpu = rows(config.cpu_part, "cpu_part")
+        parts = [p for p in (mine, cpu) if p is not None and p.numel()]
+        if not parts:
+            raise ValueError("DeviceConfig names no rows")
+        x = torch.cat(parts) if len(parts) > 1 else parts[0].contiguous()
+        n, _ = self._check_source(x.shape, x.dtype, check_topo=False)
+        per_dev = 0 if mine is None or not self.devices else int(mine.shape[0])
+        self._id_map = None
+        self._load_rows(x, torch.arange(n), per_dev)
+        return self
+
+    def set_local_order(self, local_order) -> None:
+        """torch-quiver's ``set_local_order``: ``local_order[i]`` is the node id held in row
+        ``i``; afterwards ``feature[ids]`` takes node ids. Pass ``None`` to clear."""
+        self._check_loaded()
+        if local_order is None:
+            self._id_map = None
+            return
+        lo = torch.as_tensor(local_order).cpu()
+        n = self._shape[0]
+        if lo.dim() != 1 or lo.numel() != n or lo.dtype.is_floating_point:
+            raise ValueError(f"local_order must be 1-D integer ids, one per row ({n})")
+        lo = lo.to(torch.int64)
+        if not torch.equal(torch.sort(lo).values, torch.arange(n)):
+            raise ValueError(f"local_order must be a permutation of 0..{n - 1}")
+        id_map = np.empty(n, dtype=np.int64)
+        id_map[lo.numpy()] = np.arange(n)
+        self._id_map = id_map
+
+    # ------------------------------------------------------------------ processes
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for k in ("_gather", "_disk_gather", "_buffers", "_pos_np", "_starts", "_stops"):
+            state.pop(k, None)
+        state["_num_threads"] = (self._gather.num_threads, self._disk_gather.num_threads)
+        state["_recycle"] = self._buffers is not None
+        state["tiers"] = [_tier_spec(t) for t in self.tiers]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        n_threads, disk_threads = state.pop("_num_threads")
+        recycle = state.pop("_recycle")
+        specs = state.pop("tiers")
+        self.__dict__.update(state)
+        self._gather = RowGather(n_threads)
+        self._disk_gather = RowGather(disk_threads)
+        self._buffers = BufferPool() if recycle else None
+        self.tiers = [_tier_from_spec(s, self._gather, self._disk_gather) for s in specs]
+        counts = self._counts
+        if self.tiers:
+            self._finish(self._perm)
+            self._counts = counts
+
+    def share_ipc(self):
+        """torch-quiver's IPC handle (a tuple holding this store); pass it to worker
+        processes and rebuild there with :meth:`new_from_ipc_handle`. The store pickles
+        itself too, so it can also go to ``mp.spawn`` directly."""
+        return ("quiver.Feature", self)
+
+    @classmethod
+    def new_from_ipc_handle(cls, rank, ipc_handle) -> Feature:
+        """The store of a :meth:`share_ipc` handle, gathering to ``rank`` (a device ordinal
+        of ``device_list``, as in torch-quiver; ignored by a CPU-only store)."""
+        feature = cls.lazy_from_ipc_handle(ipc_handle)
+        if feature.devices:
+            want = _as_device(rank)
+            if want not in feature.devices:
+                raise ValueError(f"rank {rank} is not in device_list {feature.devices}")
+            feature.rank = feature.devices.index(want)
+        return feature
+
+    @classmethod
+    def lazy_from_ipc_handle(cls, ipc_handle) -> Feature:
+        """The store of a :meth:`share_ipc` handle, gathering to the current CUDA device when
+        it is one of ``device_list`` (torch-quiver's behaviour), else to its own ``rank``."""
+        if not (isinstance(ipc_handle, tuple) and len(ipc_handle) == 2):
+            raise ValueError("not a quiver.Feature IPC handle (expected Feature.share_ipc())")
+        tag, feature = ipc_handle
+        if tag != "quiver.Feature" or not isinstance(feature, Feature):
+            raise ValueError("not a quiver.Feature IPC handle (expected Feature.share_ipc())")
+        import copy
+
+        feature = copy.copy(feature)
+        if feature.devices and torch.cuda.is_available():
+            here = torch.device("cuda", torch.cuda.current_device())
+            if here in feature.devices:
+                feature.rank = feature.devices.index(here)
+        return feature
+
+    def lazy_init_from_ipc_handle(self) -> None:
+        """torch-quiver's deferred set-up after ``lazy_from_ipc_handle``; a no-op here."""
 
     # ----------------------------------------------------------------------- reading
 
@@ -332,6 +516,11 @@ class Feature:
             raise ValueError(f"node ids must be 1-D, got shape {list(ids.shape)}")
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         n, dim = self._shape
+        if self._id_map is not None and ids.size:
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= n:
+                raise ValueError(f"node ids must lie in [0, {n}); got {lo if lo < 0 else hi}")
+            ids = self._id_map[ids]
         if out is None and self._buffers is not None and self.device.type == "cpu":
             out = self._buffers.empty((ids.size, dim), self._dtype)
         elif out is None:
@@ -406,3 +595,38 @@ class Feature:
             return "Feature(empty)"
         tiers = ", ".join(f"{t.name}={t.num_rows}" for t in self.tiers)
         return f"Feature(shape={list(self._shape)}, dtype={self._dtype}, tiers: {tiers})"
+
+
+def _tier_spec(t: Tier) -> tuple:
+    """A picklable description of a tier (its tensors, not its threads or numpy views)."""
+    if isinstance(t, ReplicatedTier):
+        return ("device", t.start, t.stop, t.replicas)
+    if isinstance(t, CliqueTier):
+        return ("clique", t.start, t.stop, t.shards)
+    if isinstance(t, HostTier):
+        return ("host", t.start, t.stop, t.rows)
+    if isinstance(t, DiskTier):
+        a = t.array
+        if isinstance(a, np.memmap) and a.filename is not None:
+            src = ("file", str(a.filename), int(a.offset), a.dtype.str, a.shape)
+        else:
+            src = ("array", a)
+        return ("disk", t.start, t.stop, src, t.perm)
+    raise AssertionError(f"unknown tier {type(t).__name__}")
+
+
+def _tier_from_spec(spec: tuple, gather: RowGather, disk_gather: RowGather) -> Tier:
+    kind, start, stop, *rest = spec
+    if kind == "device":
+        return ReplicatedTier(start, stop, rest[0], gather)
+    if kind == "clique":
+        return CliqueTier(start, stop, rest[0], gather)
+    if kind == "host":
+        return HostTier(start, stop, rest[0], gather)
+    src, perm = rest
+    if src[0] == "file":
+        _, name, offset, dtype, shape = src
+        arr = np.memmap(name, dtype=np.dtype(dtype), mode="r", offset=offset, shape=shape)
+    else:
+        arr = src[1]
+    return DiskTier(start, stop, arr, perm, disk_gather)

@@ -12,7 +12,20 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["Adj", "BaseSampler", "SampledSubgraph", "check_fanouts", "check_seeds"]
+__all__ = [
+    "Adj",
+    "BaseSampler",
+    "RepeatedSeedsError",
+    "SampledSubgraph",
+    "check_fanouts",
+    "check_seeds",
+    "expand_repeated_seeds",
+]
+
+
+class RepeatedSeedsError(ValueError):
+    """A sampler kernel was given repeated seed ids; ``sample_subgraph(..., repeats=True)``
+    accepts them."""
 
 
 class Adj(NamedTuple):
@@ -38,7 +51,8 @@ class SampledSubgraph:
     """Everything one k-hop sample produced, hop by hop (innermost hop first).
 
     Attributes:
-        n_id: ``[M]`` int64 global ids of the sampled nodes, seeds first, unique.
+        n_id: ``[M]`` int64 global ids of the sampled nodes, seeds first (as given, so they
+            repeat if the seeds did), then each further node once.
         batch_size: number of seeds.
         num_nodes: ``L + 1`` counts: ``len(n_id)`` before hop 0 (= batch_size) and after each hop.
         edge_ptr: ``L + 1`` offsets of each hop's edges in the flat ``src``/``dst``/``e_id``.
@@ -171,15 +185,82 @@ class BaseSampler(ABC):
         self.node_count = int(node_count)
         self.sizes = check_fanouts(sizes)
 
-    def sample_subgraph(self, seeds) -> SampledSubgraph:
-        """Sample the k-hop neighbourhood of ``seeds`` (distinct node ids)."""
-        return self._sample(check_seeds(seeds, self.node_count))
+    def sample_subgraph(self, seeds, repeats: bool = False) -> SampledSubgraph:
+        """Sample the k-hop neighbourhood of ``seeds``.
 
-    def sample(self, seeds) -> tuple[torch.Tensor, int, list[Adj]]:
+        Args:
+            seeds: 1-D integer node ids in ``[0, node_count)``.
+            repeats: allow repeated seeds (torch-quiver and PyG's legacy ``NeighborSampler``
+                do): each occurrence is its own target (``n_id[:len(seeds)] == seeds``) and
+                all occurrences of a node share one sample of its neighbourhood. Otherwise
+                repeated seeds raise :class:`RepeatedSeedsError` (a ``ValueError``).
+        """
+        seeds = check_seeds(seeds, self.node_count)
+        if not repeats:
+            return self._sample(seeds)
+        try:
+            return self._sample(seeds)  # the kernels detect repeats for free
+        except RepeatedSeedsError:
+            uniq, first, inverse = _first_occurrences(seeds)
+            return expand_repeated_seeds(self._sample(uniq), seeds, first, inverse)
+
+    def sample(self, seeds, repeats: bool = False) -> tuple[torch.Tensor, int, list[Adj]]:
         """``(n_id, batch_size, adjs)`` in the format of PyG's legacy ``NeighborSampler``."""
-        out = self.sample_subgraph(seeds)
+        out = self.sample_subgraph(seeds, repeats=repeats)
         return out.n_id, out.batch_size, out.adjs()
 
     @abstractmethod
     def _sample(self, seeds: torch.Tensor) -> SampledSubgraph:
         """Sample from validated 1-D int64 ``seeds``."""
+
+
+def _first_occurrences(seeds: torch.Tensor):
+    """``(uniq [U], first [U], inverse [B])``: distinct seeds in order of first occurrence,
+    the position of each one's first occurrence, and each position's index into ``uniq``."""
+    b = seeds.numel()
+    u, inv = torch.unique(seeds, return_inverse=True)
+    pos = torch.arange(b, device=seeds.device)
+    first = torch.full((u.numel(),), b, dtype=torch.int64, device=seeds.device)
+    first.scatter_reduce_(0, inv, pos, reduce="amin")
+    order = torch.argsort(first)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=seeds.device)
+    return u[order], first[order], rank[inv]
+
+
+def expand_repeated_seeds(
+    sub: SampledSubgraph, seeds: torch.Tensor, first: torch.Tensor, inverse: torch.Tensor
+) -> SampledSubgraph:
+    """Turn a sample of the distinct seeds into one of ``seeds`` with repeats.
+
+    ``sub`` was sampled from ``uniq`` (distinct, in first-occurrence order; ``first[j]`` the
+    position of ``uniq[j]``'s first occurrence in ``seeds``, ``inverse[p]`` the index into
+    ``uniq`` of ``seeds[p]``). Every edge into a seed is copied to each of its occurrences;
+    an edge *from* a seed starts at its first occurrence; the other nodes shift by the number
+    of repeats.
+    """
+    b, u = seeds.numel(), first.numel()
+    extra = b - u
+    dev = seeds.device
+    mult = torch.bincount(inverse, minlength=u)  # occurrences of each distinct seed
+    grouped = torch.argsort(inverse, stable=True)  # positions, grouped by distinct seed
+    group_start = torch.cumsum(mult, 0) - mult
+
+    def shift(local: torch.Tensor) -> torch.Tensor:
+        return torch.where(local < u, first[local.clamp(max=u - 1)], local + extra)
+
+    hops = []
+    for src, dst, e_id in sub.hops:
+        is_seed = dst < u
+        d = dst.clamp(max=u - 1)
+        copies = torch.where(is_seed, mult[d], torch.ones_like(dst))
+        idx = torch.repeat_interleave(torch.arange(dst.numel(), device=dev), copies)
+        k = torch.arange(idx.numel(), device=dev) - torch.repeat_interleave(
+            torch.cumsum(copies, 0) - copies, copies
+        )
+        dd = dst[idx]
+        new_dst = torch.where(dd < u, grouped[group_start[dd.clamp(max=u - 1)] + k], dd + extra)
+        hops.append((shift(src[idx]), new_dst, e_id[idx]))
+    n_id = torch.cat([seeds.to(sub.n_id.device), sub.n_id[u:]])
+    num_nodes = [b] + [n + extra for n in sub.num_nodes[1:]]
+    return SampledSubgraph(n_id, b, num_nodes, hops)

@@ -11,7 +11,7 @@ import torch
 
 from quiver.graph import CSRTopo
 from quiver.sampling import _cpu_kernel as K
-from quiver.sampling.base import BaseSampler, SampledSubgraph
+from quiver.sampling.base import BaseSampler, RepeatedSeedsError, SampledSubgraph
 
 __all__ = ["CPUSampler", "random_seed"]
 
@@ -73,6 +73,11 @@ class CPUSampler(BaseSampler):
         self._local = threading.local()
         self._executor = None  # helper threads, started on the first large hop
 
+    def __reduce__(self):
+        # rebuilt from its arguments: the topology's tensors travel (shared memory under
+        # torch.multiprocessing), the threads and per-thread workspace are made anew
+        return (CPUSampler, (self.topo, self.sizes, self.seed, self.num_threads, self.frontier))
+
     def _marker(self) -> np.ndarray:
         m = getattr(self._local, "marker", None)
         if m is None:
@@ -103,7 +108,7 @@ class CPUSampler(BaseSampler):
             self.frontier,
         )
         if num_nodes[0] < 0:
-            raise ValueError("seeds hold duplicate node ids")
+            raise RepeatedSeedsError("seeds hold duplicate node ids")
         hops = list(hops)
         if done < len(self.sizes):
             try:

@@ -15,7 +15,7 @@ import torch
 
 from quiver.graph import CSRTopo
 from quiver.sampling import _torch_kernel as K
-from quiver.sampling.base import BaseSampler, SampledSubgraph
+from quiver.sampling.base import BaseSampler, RepeatedSeedsError, SampledSubgraph
 from quiver.sampling.cpu import random_seed
 
 __all__ = ["TorchSampler", "uva_view"]
@@ -98,6 +98,11 @@ class TorchSampler(BaseSampler):
         self.frontier = bool(frontier)
         self._local = threading.local()
 
+    def __reduce__(self):
+        # rebuilt from its arguments (device copy, pinned view and generator made anew)
+        args = (self.topo, self.sizes, self.device, self.mode, self.seed, self.frontier)
+        return (TorchSampler, args)
+
     def _marker(self) -> torch.Tensor:
         m = getattr(self._local, "marker", None)
         if m is None:
@@ -123,6 +128,6 @@ class TorchSampler(BaseSampler):
             self.frontier,
         )
         if out is None:
-            raise ValueError("seeds hold duplicate node ids")
+            raise RepeatedSeedsError("seeds hold duplicate node ids")
         n_id, num_nodes, hops = out
         return SampledSubgraph(n_id, seeds.numel(), num_nodes, hops)

@@ -1,0 +1,346 @@
+"""torch-quiver drop-in compatibility: its documented call patterns (README, examples, tests)
+run on quiver on CPU and give torch-quiver's results.
+
+Expected values are built the way torch-quiver's sources define them (``CSRTopo(edge_index)``
+is a scipy COO -> CSR of ``(edge_index[0], edge_index[1])``; ``feature_order[v]`` is node
+``v``'s row in a reordered feature tensor), not from quiver's code.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+import torch.multiprocessing as mp
+
+import quiver
+from quiver.feature import DeviceConfig, Feature
+from quiver.pyg import GraphSageSampler
+from quiver.workload import access_probability, psgs
+
+N = 40
+
+
+def _directed_edges(seed: int = 0, n: int = N, e: int = 300) -> torch.Tensor:
+    """A directed graph with repeated edges (a multigraph), as a ``[2, E]`` tensor."""
+    g = torch.Generator().manual_seed(seed)
+    ei = torch.randint(0, n, (2, e), generator=g)
+    return torch.cat([ei, ei[:, :50]], dim=1)  # 50 edges twice
+
+
+def _torch_quiver_rows(ei: torch.Tensor) -> list[list[int]]:
+    """torch-quiver's rows: ``csr_matrix((data, (ei[0], ei[1])))`` sums repeats, sorts rows."""
+    m = sp.csr_matrix((np.ones(ei.shape[1]), (ei[0].numpy(), ei[1].numpy())), shape=(N, N))
+    m.sum_duplicates()
+    return [m.indices[m.indptr[v] : m.indptr[v + 1]].tolist() for v in range(N)]
+
+
+def _rows(topo) -> list[list[int]]:
+    ip, ix = topo.indptr.tolist(), topo.indices.tolist()
+    return [ix[ip[v] : ip[v + 1]] for v in range(topo.node_count)]
+
+
+# ---------------------------------------------------------------------------- import
+
+
+def test_import_quiver_alone_exposes_torch_quiver_names():
+    code = (
+        "import sys, quiver\n"
+        "cheap = 'torch' not in sys.modules\n"
+        "names = [quiver.pyg.GraphSageSampler, quiver.utils.CSRTopo, quiver.CSRTopo,\n"
+        "         quiver.Feature, quiver.feature.DeviceConfig, quiver.p2pCliqueTopo,\n"
+        "         quiver.init_p2p, quiver.generate_neighbour_num, quiver.HybridSampler]\n"
+        "assert quiver.utils.CSRTopo is quiver.CSRTopo\n"
+        "print(cheap)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "True"  # `import quiver` alone does not import torch
+
+
+# ---------------------------------------------------------------------------- CSRTopo
+
+
+def test_csrtopo_edge_index_follows_torch_quiver_on_a_directed_multigraph():
+    ei = _directed_edges()
+    topo = quiver.CSRTopo(ei)
+    assert topo.orientation == "out"
+    assert _rows(topo) == _torch_quiver_rows(ei)  # rows = ei[0], repeats dropped
+    assert topo.edge_count < ei.shape[1]
+    # eid points at an edge with the stored (row, neighbour)
+    src, dst = ei[0][topo.eid], ei[1][topo.eid]
+    row = torch.repeat_interleave(torch.arange(N), topo.degree)
+    assert torch.equal(src, row) and torch.equal(dst, topo.indices)
+
+
+def test_sampler_samples_out_neighbours_like_torch_quiver():
+    ei = _directed_edges(seed=1)
+    rows = _torch_quiver_rows(ei)
+    sampler = GraphSageSampler(quiver.CSRTopo(ei), [-1], device=0, mode="CPU")
+    seeds = torch.tensor([3, 7, 11])
+    n_id, batch_size, adjs = sampler.sample(seeds)
+    ((edge_index, _, size),) = adjs
+    assert batch_size == 3 and tuple(size) == (n_id.numel(), 3)
+    for t, s in enumerate(seeds.tolist()):
+        got = sorted(n_id[edge_index[0][edge_index[1] == t]].tolist())
+        assert got == rows[s]  # all out-neighbours ei[1] of ei[0] == s, each once
+
+
+def test_pyg_in_neighbour_convention_is_explicit():
+    ei = _directed_edges(seed=2)
+    pyg = quiver.CSRTopo(ei, orientation="in", coalesce=False)
+    ref = quiver.CSRTopo.from_edge_index(ei)  # quiver's PyG-convention constructor
+    assert pyg.orientation == ref.orientation == "in"
+    assert _rows(pyg) == _rows(ref)
+    for v in range(N):  # row v = sources of the edges into v, repeats kept
+        assert sorted(_rows(pyg)[v]) == sorted(ei[0][ei[1] == v].tolist())
+    with pytest.raises(ValueError, match="orientation"):
+        quiver.CSRTopo(ei, orientation="rows")
+
+
+def test_csrtopo_from_csr_arrays_and_feature_order_property():
+    indptr, indices = torch.tensor([0, 2, 3, 3]), torch.tensor([1, 2, 0])
+    topo = quiver.CSRTopo(indptr=indptr, indices=indices)
+    assert topo.node_count == 3 and topo.edge_count == 3 and topo.feature_order is None
+    topo.feature_order = torch.tensor([2, 0, 1])
+    assert topo.feature_order.tolist() == [2, 0, 1]
+    with pytest.raises(ValueError, match="feature_order"):
+        topo.feature_order = torch.tensor([0, 1])
+
+
+def test_preset_feature_order_is_honoured():
+    ei = _directed_edges(seed=3)
+    x = torch.randn(N, 5, generator=torch.Generator().manual_seed(0))
+    topo = quiver.CSRTopo(ei)
+    # torch-quiver's convention: the tensor is stored reordered, row feature_order[v] = node v
+    prev_order = torch.randperm(N, generator=torch.Generator().manual_seed(1))
+    feature_order = torch.empty_like(prev_order)
+    feature_order[prev_order] = torch.arange(N)
+    topo.feature_order = feature_order
+    feature = Feature(rank=0, device_list=[], device_cache_size=0, csr_topo=topo)
+    feature.from_cpu_tensor(x[prev_order])
+    ids = torch.tensor([0, 5, 39, 5, 12])
+    assert torch.equal(feature[ids], x[ids])
+    assert torch.equal(feature.hot_order(), prev_order)  # the stored order is the hot order
+
+
+# ---------------------------------------------------------------------------- devices
+
+
+@pytest.mark.parametrize("device", [-1, 0, "CPU", "cpu", None])
+def test_cpu_mode_device_forms(device):
+    sampler = GraphSageSampler(quiver.CSRTopo(_directed_edges()), [5, 3], device=device, mode="CPU")
+    n_id, _, adjs = sampler.sample(torch.tensor([0, 1, 2]))
+    assert n_id.device.type == "cpu" and all(a.edge_index.device.type == "cpu" for a in adjs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without CUDA")
+@pytest.mark.parametrize("mode", ["GPU", "UVA"])
+def test_gpu_modes_without_cuda_raise_a_clear_value_error(mode):
+    topo = quiver.CSRTopo(_directed_edges())
+    with pytest.raises(ValueError, match="CUDA"):
+        GraphSageSampler(topo, [5], device=0, mode=mode)
+    with pytest.raises(ValueError, match="mode='CPU'"):
+        GraphSageSampler(topo, [5], device=-1, mode="GPU")
+
+
+# ---------------------------------------------------------------------------- seeds
+
+
+@pytest.mark.parametrize("frontier", [False, True])
+def test_repeated_seeds_as_in_the_unsupervised_example(frontier):
+    ei = _directed_edges(seed=4)
+    rows = _torch_quiver_rows(ei)
+    sampler = GraphSageSampler(quiver.CSRTopo(ei), [4, 3], mode="CPU", seed=0, frontier=frontier)
+    g = torch.Generator().manual_seed(5)
+    batch = torch.randint(0, N, (8,), generator=g)
+    pos, neg = batch.roll(1), torch.randint(0, N, (8,), generator=g)
+    seeds = torch.cat([batch, pos, neg])  # repeats for sure (pos is batch rolled)
+    n_id, batch_size, adjs = sampler.sample(seeds)
+    assert batch_size == 24 and torch.equal(n_id[:24], seeds)
+    assert len(set(n_id[24:].tolist())) == n_id.numel() - 24  # the rest once each
+    assert not set(n_id[24:].tolist()) & set(seeds.tolist())
+    num_targets = [a.size[1] for a in adjs]
+    assert num_targets[-1] == 24
+    for edge_index, _, (num_src, num_dst) in adjs:
+        assert int(edge_index[0].max()) < num_src and int(edge_index[1].max()) < num_dst
+        for s_loc, t_loc in edge_index.t().tolist():
+            assert int(n_id[s_loc]) in rows[int(n_id[t_loc])]  # a real out-neighbour
+    # occurrences of one node share its sampled neighbours
+    last = adjs[-1].edge_index
+    nbrs = [sorted(n_id[last[0][last[1] == t]].tolist()) for t in range(24)]
+    for p in range(24):
+        for q in range(24):
+            if seeds[p] == seeds[q]:
+                assert nbrs[p] == nbrs[q]
+        assert len(nbrs[p]) == min(4, len(rows[int(seeds[p])]))
+    # a GraphSAGE forward over the adjs runs (target nodes first, as in the example)
+    x = torch.randn(n_id.numel(), 3)
+    for edge_index, _, size in adjs:
+        agg = torch.zeros(size[1], 3).index_add_(0, edge_index[1], x[edge_index[0]])
+        x = x[: size[1]] + agg
+    assert x.shape == (24, 3)
+
+
+def test_quiver_samplers_still_reject_repeats_by_default():
+    from quiver.sampling import CPUSampler
+
+    with pytest.raises(ValueError, match="duplicate"):
+        CPUSampler(quiver.CSRTopo(_directed_edges()), [3]).sample(torch.tensor([1, 1]))
+
+
+# ---------------------------------------------------------------------------- workload
+
+
+def test_sample_prob_is_the_access_probability_of_the_training_nodes():
+    topo = quiver.CSRTopo(_directed_edges(seed=6))
+    sampler = GraphSageSampler(topo, [5, 3], device=0, mode="CPU")
+    train_idx = torch.arange(0, N, 4)
+    prob = sampler.sample_prob(train_idx, N)
+    assert prob.shape == (N,) and prob.dtype == torch.float32
+    assert torch.all(prob[train_idx] == 1) and torch.all((prob >= 0) & (prob <= 1))
+    p0 = torch.zeros(N, dtype=torch.float64)
+    p0[train_idx] = 1
+    assert torch.allclose(prob, access_probability(topo, [5, 3], p0))
+    with pytest.raises(ValueError, match="total_node_count"):
+        sampler.sample_prob(train_idx, N + 1)
+
+
+def test_generate_neighbour_num_writes_torch_quivers_file(tmp_path):
+    ei = _directed_edges(seed=7)
+    table = quiver.generate_neighbour_num(N, ei, [25, 10], str(tmp_path), [0], mode="CPU")
+    saved = np.load(tmp_path / "25_10_neighbour_num_False.npy")
+    assert saved.dtype == np.int32 and saved.shape == (N,)
+    expected = psgs(quiver.CSRTopo(ei), [25, 10])
+    assert torch.allclose(table, expected)
+    assert np.array_equal(saved, np.rint(expected.numpy()).astype(np.int32))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_p2p_helpers_are_no_ops_with_a_message_on_cpu():
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        topo = quiver.p2pCliqueTopo([0, 1])
+    assert topo.p2p_clique == {0: [0], 1: [1]} and topo.get_clique_id(1) == 1
+    assert "Devices [0] support p2p access" in topo.info()
+    with pytest.warns(UserWarning, match="CUDA is not available"):
+        assert quiver.init_p2p([0, 1]) is None
+
+
+# ---------------------------------------------------------------------------- features
+
+
+def test_from_mmap_with_device_config(tmp_path):
+    x = np.random.default_rng(0).standard_normal((N, 4)).astype(np.float32)
+    path = tmp_path / "feat.npy"
+    np.save(path, x)
+    arr = np.load(path, mmap_mode="r")
+    gpu_part, cpu_part = torch.tensor([5, 1, 9]), torch.tensor([0, 2, 3, 4, 6])
+    feature = Feature(0, [], 0, "device_replicate")
+    feature.from_mmap(arr, DeviceConfig([gpu_part], cpu_part))
+    held = torch.cat([gpu_part, cpu_part])
+    assert feature.shape == (8, 4)
+    assert torch.equal(feature[torch.arange(8)], torch.from_numpy(x[held.numpy()]))
+    # parts given as feature tensors (array None), then node ids mapped by set_local_order
+    feature2 = Feature(0, [], 0)
+    parts = DeviceConfig([torch.from_numpy(x[gpu_part.numpy()])], torch.from_numpy(x[[7]]))
+    feature2.from_mmap(None, parts)
+    feature2.set_local_order(torch.tensor([3, 0, 2, 1]))  # row i holds node local_order[i]
+    assert torch.equal(feature2[torch.tensor([3, 1])], torch.from_numpy(x[[5, 7]]))
+    with pytest.raises(ValueError, match="DeviceConfig"):
+        feature.from_mmap(arr, (gpu_part, cpu_part))
+
+
+# ---------------------------------------------------------------------------- processes
+
+
+def _worker(rank, sampler, topo, feature, handles, seeds, out_dir):
+    sampler_b = GraphSageSampler.lazy_from_ipc_handle(handles[0])
+    feature_b = Feature.new_from_ipc_handle(rank, handles[1])
+    n_id, _, adjs = sampler.sample(seeds)
+    result = {
+        "shared": [topo.indptr.is_shared(), topo.indices.is_shared()],
+        "n_id": n_id,
+        "edge_index": adjs[-1].edge_index,
+        "n_id_b": sampler_b.sample(seeds)[0],
+        "rows": feature[n_id],
+        "rows_b": feature_b[n_id],
+    }
+    torch.save(result, os.path.join(out_dir, f"{rank}.pt"))
+
+
+@pytest.mark.dist
+def test_sampler_topology_and_feature_pass_to_mp_spawn(tmp_path):
+    topo = quiver.CSRTopo(_directed_edges(seed=8))
+    topo.share_memory_()
+    assert topo.indptr.is_shared()
+    x = torch.randn(N, 3, generator=torch.Generator().manual_seed(2))
+    feature = Feature(0, [], 0, csr_topo=topo, placement="degree")
+    feature.from_cpu_tensor(x)
+    sampler = GraphSageSampler(topo, [4, 2], device=0, mode="CPU", seed=3, num_threads=1)
+    handles = (sampler.share_ipc(), feature.share_ipc())
+    seeds = torch.tensor([1, 2, 3, 1])
+    args = (sampler, topo, feature, handles, seeds, str(tmp_path))
+    mp.spawn(_worker, args=args, nprocs=2, join=True)
+    # the parent's first call, with the same seed, is what each child's first call returns
+    ref = GraphSageSampler(topo, [4, 2], mode="CPU", seed=3, num_threads=1)
+    n_id, _, adjs = ref.sample(seeds)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"{rank}.pt")
+        assert got["shared"] == [True, True]
+        assert torch.equal(got["n_id"], n_id) and torch.equal(got["n_id_b"], n_id)
+        assert torch.equal(got["edge_index"], adjs[-1].edge_index)
+        assert torch.equal(got["rows"], x[n_id]) and torch.equal(got["rows_b"], x[n_id])
+
+
+def test_feature_and_sampler_pickle_round_trip(tmp_path):
+    x = np.random.default_rng(1).standard_normal((N, 4)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    topo = quiver.CSRTopo(_directed_edges(seed=9))
+    feature = Feature(0, [], 0, csr_topo=topo, host_cache_size=5 * 16)  # host + disk tiers
+    feature.from_mmap(str(tmp_path / "x.npy"))
+    back = pickle.loads(pickle.dumps(feature))
+    assert [t.name for t in back.tiers] == ["host", "disk"]
+    ids = torch.tensor([0, 39, 17, 17])
+    assert torch.equal(back[ids], torch.from_numpy(x[ids.numpy()]))
+    s = GraphSageSampler(topo, [3, 3], mode="GPU", seed=4)  # torch kernel on the CPU
+    s2 = pickle.loads(pickle.dumps(s))
+    assert torch.equal(s.sample(ids)[0], s2.sample(ids)[0])
+
+
+# ---------------------------------------------------------------------------- hybrid
+
+
+@pytest.mark.dist
+def test_hybrid_sampler_names_both_designs():
+    from quiver.hybrid import HybridSampler, QueueHybridSampler
+
+    topo = quiver.CSRTopo(_directed_edges())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ours = HybridSampler(topo, [3, 2], 10.0, gpu_device="cpu")
+    assert type(ours) is HybridSampler
+    ctx = mp.get_context("spawn")
+    tasks = [ctx.Queue()]
+    theirs = quiver.HybridSampler(
+        csr_topo=topo, sizes=[3, 2], device_num=1, worker_num_per_device=1,
+        batched_queue_list=[tasks, [ctx.Queue()]],
+    )  # fmt: skip
+    assert type(theirs) is QueueHybridSampler
+    theirs.start()
+    try:
+        tasks[0].put(torch.tensor([0, 1, 2]))
+        (n_id, batch_size, adjs), seconds = theirs.sampled_request_queue_list()[0][0].get(
+            timeout=60
+        )
+        assert batch_size == 3 and torch.equal(n_id[:3], torch.tensor([0, 1, 2]))
+        assert len(adjs) == 2 and seconds >= 0
+    finally:
+        theirs.stop()
+    with pytest.raises(ValueError, match="device_num"):
+        HybridSampler(topo, [3], 0, 1, [[], []])
