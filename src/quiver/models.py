@@ -181,24 +181,56 @@ def build_model(cfg: ModelConfig) -> SampledGNN:
     return SampledGNN(cfg)
 
 
-def save_checkpoint(path, model: SampledGNN, extra: dict | None = None) -> None:
-    """Save weights and the model config together, atomically (write, then rename)."""
-    import os
+#: the factory ``quiver train-model`` records in its checkpoints
+FACTORY = "quiver.models:sampled_gnn"
 
-    tmp = f"{path}.tmp"
-    state = {"config": asdict(model.cfg), "state_dict": model.state_dict(), **(extra or {})}
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+
+def sampled_gnn(
+    kind: str,
+    in_dim: int,
+    out_dim: int,
+    hidden_dim: int = 128,
+    num_layers: int = 3,
+    heads: int = 4,
+) -> SampledGNN:
+    """Factory of Quiver's own GNN (arguments as :class:`ModelConfig`), as checkpoints name it.
+
+    ``quiver train-model`` checkpoints record ``"factory": "quiver.models:sampled_gnn"`` and
+    these arguments as ``"factory_kwargs"``, the same format as a user's own model
+    (``quiver.usermodel.save_model``).
+    """
+    return SampledGNN(ModelConfig(kind, in_dim, out_dim, hidden_dim, num_layers, heads))
+
+
+def save_checkpoint(path, model: SampledGNN, extra: dict | None = None) -> None:
+    """Save ``model`` in the one checkpoint format, atomically (write, then rename).
+
+    The file is ``{"factory": FACTORY, "factory_kwargs": <its ModelConfig>, "state_dict":
+    ..., **extra}`` (see ``quiver.usermodel.save_model``); ``extra`` usually holds
+    ``"fanouts"``.
+    """
+    from quiver.usermodel import save_model
+
+    extra = dict(extra or {})
+    fanouts = extra.pop("fanouts", None)
+    save_model(path, model, FACTORY, asdict(model.cfg), fanouts=fanouts, extra=extra)
 
 
 def load_checkpoint(path, map_location="cpu") -> tuple[SampledGNN, dict]:
-    """Rebuild a model saved by ``save_checkpoint``: ``(model in eval mode, checkpoint dict)``."""
+    """Rebuild a Quiver GNN from a checkpoint: ``(model in eval mode, checkpoint dict)``.
+
+    Reads the current format (``save_checkpoint``: ``factory`` ``quiver.models:sampled_gnn``
+    with its ``factory_kwargs``) and the format before it (``{"config": <ModelConfig fields>,
+    "state_dict", "fanouts"}``); either way the returned dict has ``"config"``.
+    """
     import os
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        if isinstance(ckpt, dict) and ckpt.get("factory") == FACTORY and "config" not in ckpt:
+            ckpt["config"] = dict(ckpt.get("factory_kwargs") or {})
         cfg = ModelConfig(**ckpt["config"])
     except (KeyError, TypeError, RuntimeError, EOFError) as e:
         raise ValueError(f"{path} is not a quiver model checkpoint ({e})") from None

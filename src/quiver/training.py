@@ -75,6 +75,11 @@ def _accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
 def train_model(ds, cfg: TrainConfig, out=None, progress: bool = True):
     """Train a GNN on a ``quiver.datasets.PreparedDataset``; optionally save it to ``out``.
 
+    The checkpoint at ``out`` is the one format ``quiver serve`` loads for any model
+    (``quiver.usermodel.save_model``): the ``state_dict``, the factory
+    ``quiver.models:sampled_gnn`` with its ``factory_kwargs``, the ``fanouts``, and the
+    validation accuracies.
+
     Returns ``(model, TrainReport)``.
     """
     from tqdm import tqdm

@@ -29,10 +29,27 @@ a forward pre-hook on the last top-level ``MessagePassing`` module that runs, or
 the model's own ``embed`` method when it has one (called like ``forward``).
 
 Loading (:func:`load_served_model`): a ``state_dict`` for the module a user factory builds
-(``package.module:function``), a ``torch.export`` archive (``torch.export.save``), a Quiver
-checkpoint from ``quiver train-model``, or (only with ``trust_pickle=True``) a module pickled
-whole by ``torch.save(model)``. Every problem is one ``ValueError``/``FileNotFoundError`` line
-naming the file or the option.
+(``package.module:function``), a checkpoint that records its factory (:func:`save_model`, the
+format ``quiver train-model`` writes too), a ``torch.export`` archive (``torch.export.save``),
+or (only with ``trust_pickle=True``) a module pickled whole by ``torch.save(model)``. Every
+problem is one ``ValueError``/``FileNotFoundError`` line naming the file or the option.
+
+The checkpoint format, one for Quiver's own models and the user's: a ``torch.save``'d dict ::
+
+    {
+        "state_dict": module.state_dict(),
+        "factory": "package.module:function",   # builds the module: function(**factory_kwargs)
+        "factory_kwargs": {...},                # numbers, strings, bools, None, lists, dicts
+        "fanouts": [15, 10, 5],                 # optional: the default sampling fanouts
+        ...                                     # anything else (metrics, names) is ignored
+    }
+
+It loads with ``torch.load(weights_only=True)``: no pickled code. The factory it names is
+imported and called, so a factory outside the ``quiver`` package runs only when the user names
+it (``--model`` the same spec) or passes ``--trust-pickle``. The format before it (``{"config":
+<quiver.models.ModelConfig fields>, "state_dict": ..., "fanouts": ...}``, ``quiver train-model``
+until it wrote this one) still loads, as factory ``quiver.models:sampled_gnn`` with
+``factory_kwargs = config``.
 """
 
 from __future__ import annotations
@@ -54,6 +71,7 @@ __all__ = [
     "import_factory",
     "load_served_model",
     "message_passing_layers",
+    "save_model",
 ]
 
 CONVENTIONS = ("edge_index", "adjs")
@@ -278,17 +296,86 @@ def import_factory(spec: str):
     return obj
 
 
-def _build(spec: str) -> nn.Module:
+def _build(spec: str, kwargs: dict | None = None, origin: str | None = None) -> nn.Module:
+    """``factory(**kwargs)`` for ``spec``; ``origin`` names where the spec came from."""
+    origin = origin or f"--model {spec}"
     factory = import_factory(spec)
     try:
-        module = factory()
+        module = factory(**(kwargs or {}))
     except Exception as e:
-        raise ValueError(f"--model {spec}: calling the factory failed ({_one_line(e)})") from None
+        how = f" with factory_kwargs {sorted(kwargs)}" if kwargs else ""
+        raise ValueError(f"{origin}: calling the factory{how} failed ({_one_line(e)})") from None
     if not isinstance(module, nn.Module):
         raise ValueError(
-            f"--model {spec}: the factory returned {type(module).__name__}, not a torch.nn.Module"
+            f"{origin}: the factory returned {type(module).__name__}, not a torch.nn.Module"
         )
     return module
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+#: factories a checkpoint may name and have called without ``--model`` or ``--trust-pickle``
+_TRUSTED_FACTORIES = ("quiver.models:sampled_gnn",)
+
+
+def _is_plain(v) -> bool:
+    if isinstance(v, _PLAIN):
+        return True
+    if isinstance(v, (list, tuple)):
+        return all(_is_plain(x) for x in v)
+    if isinstance(v, dict):
+        return all(isinstance(k, str) and _is_plain(x) for k, x in v.items())
+    return False
+
+
+def save_model(
+    path,
+    module: nn.Module,
+    factory: str,
+    factory_kwargs: dict | None = None,
+    fanouts=None,
+    extra: dict | None = None,
+) -> None:
+    """Save ``module`` in the checkpoint format ``quiver serve`` loads (see the module docstring).
+
+    Written atomically (a temporary file, then a rename).
+
+    Args:
+        path: the file to write.
+        module: the trained module; its ``state_dict()`` is saved.
+        factory: ``package.module:function`` that builds an untrained ``module`` from
+            ``factory_kwargs``; it must be importable where the checkpoint is served.
+        factory_kwargs: keyword arguments for the factory: numbers, strings, booleans, None,
+            lists and dicts only, so the file loads without unpickling code (default none).
+        fanouts: default sampling fanouts, one per message-passing layer (default: none; the
+            server then takes ``--fanouts`` or the dataset manifest's).
+        extra: more entries to store (metrics, a dataset name); ignored when serving.
+
+    Raises:
+        ValueError: a malformed ``factory`` or ``factory_kwargs`` that are not plain data.
+    """
+    import os
+
+    mod_name, sep, attr = str(factory).partition(":")
+    if not sep or not mod_name or not attr:
+        raise ValueError(f"factory must look like package.module:function, got {factory!r}")
+    kwargs = dict(factory_kwargs or {})
+    if not _is_plain(kwargs):
+        raise ValueError(
+            "factory_kwargs must hold only numbers, strings, booleans, None, lists and dicts "
+            f"(got {sorted(kwargs)})"
+        )
+    ckpt = {
+        **(extra or {}),
+        "factory": factory,
+        "factory_kwargs": kwargs,
+        "state_dict": module.state_dict(),
+    }
+    if fanouts:
+        ckpt["fanouts"] = [int(k) for k in fanouts]
+    tmp = f"{path}.tmp"
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)
 
 
 def _fit_state_dict(module: nn.Module, state: dict, path: str, what: str) -> None:
@@ -345,12 +432,15 @@ def load_served_model(
     """Load what ``quiver serve --checkpoint FILE [--model SPEC]`` names, ready for the engine.
 
     Args:
-        checkpoint: a ``state_dict`` file (with ``model``), a ``torch.export`` archive, a
-            Quiver checkpoint (``quiver train-model``), or a whole pickled module (with
-            ``trust_pickle``).
+        checkpoint: a ``state_dict`` file (with ``model``), a checkpoint recording its
+            factory (:func:`save_model`; ``quiver train-model`` writes these, and its older
+            ``config`` checkpoints load too), a ``torch.export`` archive, or a whole pickled
+            module (with ``trust_pickle``).
         model: ``package.module:function`` building the module the ``state_dict`` is for
-            (called with no arguments; the current directory is importable).
-        trust_pickle: allow unpickling arbitrary objects (runs code from the file).
+            (called with no arguments, or with the checkpoint's ``factory_kwargs`` when the
+            checkpoint records this same factory; the current directory is importable).
+        trust_pickle: allow unpickling arbitrary objects, and calling a factory that a
+            checkpoint names outside Quiver without ``model`` (both run code the file chose).
         convention: ``"edge_index"`` or ``"adjs"`` (default: from ``forward``'s signature;
             ``torch.export`` archives are ``edge_index``).
         map_location: ``torch.load``'s.
@@ -417,8 +507,9 @@ def load_served_model(
             raise ValueError(f"--checkpoint {path} holds a whole module; drop --model")
         served = ServedModel(obj.to(map_location).eval(), convention, source=type(obj).__name__)
         return served, _info(served, f"pickled {type(obj).__name__}", None)
-    if isinstance(obj, dict) and "config" in obj and "state_dict" in obj and not model:
-        return _quiver_checkpoint(path, obj)
+    recorded = _recorded_factory(path, obj)
+    if recorded is not None:
+        return _from_recorded(path, obj, recorded, model, trust_pickle, convention, map_location)
     state = obj
     if isinstance(obj, dict) and not _is_state_dict(obj):
         for key in ("state_dict", "model_state_dict", "model"):
@@ -427,7 +518,7 @@ def load_served_model(
                 break
     if not _is_state_dict(state):
         raise ValueError(
-            f"--checkpoint {path} holds neither a state_dict nor a Quiver checkpoint "
+            f"--checkpoint {path} holds neither a state_dict nor a checkpoint naming its factory "
             f"(a {type(obj).__name__})"
         )
     if not model:
@@ -454,23 +545,65 @@ def _info(served: ServedModel, kind: str, fanouts) -> dict:
     }
 
 
-def _quiver_checkpoint(path: Path, ckpt: dict) -> tuple[nn.Module, dict]:
-    from quiver.models import ModelConfig, build_model
+def _recorded_factory(path: Path, obj) -> tuple[str, dict] | None:
+    """``(factory spec, kwargs)`` a checkpoint records (see the module docstring), or None."""
+    if not isinstance(obj, dict) or "state_dict" not in obj:
+        return None
+    if "factory" in obj:
+        spec, kwargs = obj["factory"], obj.get("factory_kwargs") or {}
+        if not isinstance(spec, str) or ":" not in spec:
+            raise ValueError(
+                f"--checkpoint {path}: 'factory' must be 'package.module:function', got {spec!r}"
+            )
+    elif "config" in obj:  # the format before: quiver.models.ModelConfig's fields
+        from quiver.models import FACTORY
 
-    try:
-        cfg = ModelConfig(**ckpt["config"])
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"--checkpoint {path}: bad model config ({_one_line(e)})") from None
-    model = build_model(cfg)
-    _fit_state_dict(model, ckpt["state_dict"], str(path), f"its {cfg.kind} model config")
-    model.eval()
-    info = {
-        "kind": f"{cfg.kind} x{cfg.num_layers}",
-        "fanouts": list(ckpt["fanouts"]) if ckpt.get("fanouts") else None,
-        "frontier": False,
-        "extra_hops": 0,
-        "num_layers": cfg.num_layers,
-        "convention": "adjs",
-        "in_dim": cfg.in_dim,
-    }
-    return model, info
+        spec, kwargs = FACTORY, obj["config"]
+    else:
+        return None
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        what = "'config'" if "factory" not in obj else "'factory_kwargs'"
+        raise ValueError(f"--checkpoint {path}: {what} must be a dict of keyword arguments")
+    if not _is_state_dict(obj["state_dict"]):
+        raise ValueError(f"--checkpoint {path}: 'state_dict' does not hold a state_dict")
+    return spec, kwargs
+
+
+def _from_recorded(
+    path: Path, obj: dict, recorded, model, trust_pickle, convention, map_location
+) -> tuple[nn.Module, dict]:
+    """Build the recorded factory's module (or ``--model``'s) and load the checkpoint's weights."""
+    spec, kwargs = recorded
+    if model and model != spec:  # the user's factory wins, called as --model always is
+        spec, kwargs, origin = model, {}, f"--model {model}"
+    elif model:
+        origin = f"--model {model}"
+    else:
+        trusted = spec in _TRUSTED_FACTORIES or trust_pickle
+        if not trusted:
+            raise ValueError(
+                f"--checkpoint {path} names its factory {spec}, whose code would run: pass "
+                f"--model {spec} to confirm it (or --trust-pickle)"
+            )
+        origin = f"--checkpoint {path} (factory {spec})"
+    module = _build(spec, kwargs, origin)
+    what = f"the module {spec} builds"
+    _fit_state_dict(module, obj["state_dict"], str(path), what)
+    module.to(map_location).eval()
+    fanouts = obj.get("fanouts")
+    from quiver.models import SampledGNN
+
+    if isinstance(module, SampledGNN):  # Quiver's own GNN takes the sampler's adjs as they are
+        cfg = module.cfg
+        info = {
+            "kind": f"{cfg.kind} x{cfg.num_layers}",
+            "fanouts": list(fanouts) if fanouts else None,
+            "frontier": False,
+            "extra_hops": 0,
+            "num_layers": cfg.num_layers,
+            "convention": "adjs",
+            "in_dim": cfg.in_dim,
+        }
+        return module, info
+    served = ServedModel(module, convention, source=spec)
+    return served, _info(served, f"{spec} ({type(module).__name__})", fanouts)

@@ -99,7 +99,7 @@ def test_well_formed_request_is_answered_without_the_app(world, engine):
     [
         ([b'{"nodes": [1, true]}'], b"application/json"),
         ([b'{"nodes": ', b"[1], ", b'"x": 2}'], b"application/json"),  # replayed in pieces
-        ([b'{"nodes": [', b"1, " * 400, b"1]}"], b"application/json"),  # over the body bound
+        ([b'{"nodes": [1, ', b" " * 4000, b"1.5]}"], b"application/json"),  # long, a bad id
     ],
 )
 def test_anything_else_reaches_the_app_with_its_body_intact(engine, chunks, content_type):
@@ -107,6 +107,17 @@ def test_anything_else_reaches_the_app_with_its_body_intact(engine, chunks, cont
     status, body = _call(PredictFastPath(inner, engine), chunks, content_type)
     assert (status, body) == (299, b"inner")
     assert inner.bodies == [b"".join(chunks)]
+
+
+def test_too_many_ids_is_a_422_from_their_count_alone(engine):
+    """More ids than ``max_request_nodes`` (8 here): refused on the list's length, without the
+    full app and without checking each id (a bad id among them does not matter)."""
+    inner = _Inner()
+    status, body = _call(
+        PredictFastPath(inner, engine), [b'{"nodes": [' + b"1, " * 400 + b"true]}"]
+    )
+    assert status == 422 and inner.bodies == []
+    assert json.loads(body)["error"] == "request names 401 nodes; at most 8 are allowed"
 
 
 def test_engine_outcomes_map_to_statuses(engine):

@@ -33,6 +33,28 @@ def add_serve_options(p) -> None:
         help="largest request body; longer ones get 413 unread (1048576)",
     )
     p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="a request's headers, then its body, must arrive within this; else 408 and the "
+        "connection closes (5)",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="on SIGTERM, requests still running after this are cancelled; bodies still "
+        "arriving get 503 at once (5)",
+    )
+    p.add_argument(
+        "--docs",
+        action="store_true",
+        help="serve the interactive /docs and /redoc pages (their assets load from a CDN, so "
+        "they are blank offline; /openapi.json is always served)",
+    )
+    p.add_argument(
         "--feature-cache",
         default="0",
         help="RAM for hot feature rows over the mmap file, e.g. 2G (0: load as is)",
@@ -45,7 +67,8 @@ def add_serve_options(p) -> None:
         default=None,
         metavar="PACKAGE.MODULE:FACTORY",
         help="function (no arguments) building the torch_geometric module whose state_dict "
-        "--checkpoint holds; the current directory is importable",
+        "--checkpoint holds (or the factory the checkpoint records, called with its "
+        "factory_kwargs); the current directory is importable",
     )
     p.add_argument(
         "--fanouts",
@@ -63,7 +86,8 @@ def add_serve_options(p) -> None:
     p.add_argument(
         "--trust-pickle",
         action="store_true",
-        help="allow a --checkpoint saved with torch.save(model) (unpickling runs its code)",
+        help="allow a --checkpoint saved with torch.save(model) (unpickling runs its code), or "
+        "one naming a factory outside quiver without --model (calling it runs its code)",
     )
 
 
@@ -80,6 +104,9 @@ def serve_config(args):
         shed_late=args.shed_late,
         fast_lane=args.fast_lane,
         max_body_bytes=args.max_body_bytes,
+        read_timeout_s=args.read_timeout,
+        shutdown_timeout_s=args.shutdown_timeout,
+        docs=args.docs,
     )
 
 
@@ -157,8 +184,8 @@ def register(sub) -> None:
     p.add_argument(
         "--checkpoint",
         required=True,
-        help="a state_dict (with --model), a torch.export archive (.pt2), or a checkpoint from "
-        "`quiver train-model`",
+        help="a state_dict (with --model), a checkpoint recording its factory (what `quiver "
+        "train-model` writes), or a torch.export archive (.pt2)",
     )
     p.add_argument("--host", default="127.0.0.1", help="interface (127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="TCP port (8000)")
@@ -181,8 +208,10 @@ def run(args: argparse.Namespace) -> int:
         server.stop()
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {e}") from None
     print(f"quiver serve: {server.info}")
+    docs = ", /docs" if args.docs else ""
     print(
-        f"listening on {server.url}  (POST /v1/predict, GET /healthz, GET /metrics, /docs)",
+        f"listening on {server.url}  (POST /v1/predict, GET /healthz, GET /metrics, "
+        f"/openapi.json{docs})",
         flush=True,
     )
     stop.wait()

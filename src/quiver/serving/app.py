@@ -5,7 +5,13 @@ Every error is JSON ``{"error": message}``, counted in ``/metrics`` by status
 body past ``ServeConfig.max_body_bytes``, 415 for a non-JSON content type, 422 for a body that is
 valid JSON but names bad ids or fields, 429 when overloaded (queue full, queueing past the
 deadline budget, or an event loop running behind: ``quiver.serving.shed``), 503 while shutting
-down, 500 when a batch failed inside the server. The OpenAPI schema is served at ``/openapi.json``.
+down, 500 when a batch failed inside the server. Requests whose headers or body do not arrive
+within ``ServeConfig.read_timeout_s`` get 408 from the HTTP server
+(``quiver.serving.http.guarded_protocol``), counted the same way.
+
+The OpenAPI schema is served at ``/openapi.json``. The interactive ``/docs`` page is off by
+default (``ServeConfig.docs``): FastAPI's Swagger UI loads its script and styles from a CDN, so
+it would be a blank page on a server without internet access.
 """
 
 from __future__ import annotations
@@ -15,16 +21,19 @@ from typing import Literal
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from quiver.serving.engine import Engine
 from quiver.serving.fastpath import CountErrors, PredictFastPath, answer
-from quiver.serving.shed import LoopLagShedder
+from quiver.serving.shed import LoopLag, LoopLagShedder
 
 
 class PredictRequest(BaseModel):
-    """Body of ``POST /v1/predict``."""
+    """Body of ``POST /v1/predict``; any other field is refused (422), so a misspelt
+    ``output`` is never silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
 
     nodes: list[StrictInt] = Field(..., description="node ids to predict, in [0, node_count)")
     output: Literal["class", "logits", "embedding"] = Field(
@@ -57,28 +66,46 @@ def _describe(err: RequestValidationError) -> tuple[int, str]:
     msg = first.get("msg", "invalid request")
     if first.get("type") == "missing":
         return 422, f"missing field '{loc}'"
+    if first.get("type") == "extra_forbidden":
+        return 422, f"unknown field '{loc}'; a request has 'nodes' and optionally 'output'"
     return 422, f"invalid '{loc}': {msg}" + (
         f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     )
 
 
 def create_app(engine: Engine) -> FastAPI:
-    """Build the FastAPI app serving ``engine`` (the caller starts and stops the engine)."""
+    """Build the FastAPI app serving ``engine`` (the caller starts and stops the engine).
+
+    ``app.state.serve_config`` (the engine's ``ServeConfig``) and ``app.state.on_http_error``
+    (counts a status in ``/metrics``) tell ``quiver.serving.http.HTTPThread`` the read timeout
+    and how to count the 408s the HTTP server answers itself.
+    """
+    cfg = engine.cfg
+    docs = bool(getattr(cfg, "docs", False))
     app = FastAPI(
         title="Quiver GNN serving",
         version=__import__("quiver").__version__,
         description="Low-latency GNN predictions for graph nodes.",
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
     )
-    cfg = engine.cfg
     # the front door's bound: a quarter of the deadline, but never under 20 ms (the GIL's 5 ms
     # switch interval makes a few ms of lag normal while the engine threads run)
     max_lag = max(0.02, cfg.slo_ms / 4e3) if cfg.shed_late else None
     rejected = engine.metrics.rejected.labels("loop_lag")
-    # added last = outermost: the shedder refuses before the fast path parses anything
-    app.add_middleware(PredictFastPath, engine=engine)
-    app.add_middleware(LoopLagShedder, max_lag_s=max_lag, on_reject=rejected.inc)
+    # added last = outermost: the shedder refuses before the fast path parses anything; both
+    # share one lag monitor, so the fast path can excuse the time it spends refusing bad bodies
+    lag = LoopLag()
+    app.add_middleware(PredictFastPath, engine=engine, lag=lag)
+    app.add_middleware(LoopLagShedder, max_lag_s=max_lag, on_reject=rejected.inc, lag=lag)
     errors = engine.metrics.http_errors
-    app.add_middleware(CountErrors, on_error=lambda status: errors.labels(str(status)).inc())
+
+    def count_error(status: int) -> None:
+        errors.labels(str(status)).inc()
+
+    app.add_middleware(CountErrors, on_error=count_error)
+    app.state.serve_config = cfg
+    app.state.on_http_error = count_error
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(request: Request, exc: RequestValidationError):

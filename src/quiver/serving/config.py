@@ -41,6 +41,15 @@ class ServeConfig:
         max_body_bytes: largest ``POST /v1/predict`` body (default 1 MiB); a longer one is
             answered 413 as soon as its ``content-length`` or its first bytes past the limit
             arrive, without reading the rest.
+        read_timeout_s: a request's headers must arrive within this many seconds of the
+            connection opening (or of the previous answer on it), and its body within this of
+            its headers (default 5 s); otherwise the server answers 408 and closes the
+            connection, so a client that stops mid-request holds nothing.
+        shutdown_timeout_s: on stop, requests still running after this many seconds are
+            cancelled (default 5 s); bodies still arriving are answered 503 at once.
+        docs: serve FastAPI's interactive ``/docs`` and ``/redoc`` pages (default False: their
+            Swagger/ReDoc assets load from a CDN, blank offline); ``/openapi.json`` is always
+            served.
     """
 
     max_request_nodes: int = 1024
@@ -55,6 +64,9 @@ class ServeConfig:
     shed_late: bool = True
     fast_lane: bool = True
     max_body_bytes: int = 1 << 20
+    read_timeout_s: float = 5.0
+    shutdown_timeout_s: float = 5.0
+    docs: bool = False
 
     def __post_init__(self):
         for name in (
@@ -71,5 +83,8 @@ class ServeConfig:
         for name in ("max_wait_ms", "slo_ms"):
             if float(getattr(self, name)) < 0:
                 raise ValueError(f"serve config: {name} must be >= 0, got {getattr(self, name)}")
+        for name in ("read_timeout_s", "shutdown_timeout_s"):
+            if not float(getattr(self, name)) > 0:
+                raise ValueError(f"serve config: {name} must be > 0, got {getattr(self, name)}")
         if self.max_batch_psgs is not None and self.max_batch_psgs <= 0:
             raise ValueError(f"serve config: max_batch_psgs must be > 0, got {self.max_batch_psgs}")

@@ -12,6 +12,11 @@ It answers itself, without reading further, a non-JSON ``content-type`` (415), a
 ``ServeConfig.max_body_bytes`` (413) and JSON nested too deeply for the parser (400).
 Under overload it refuses with 429 before parsing at all (so a malformed request may get 429
 rather than 4xx then): a refusal must cost much less than an answer, or shedding load adds load.
+Refusing a bad request is kept cheap too: the 413 goes out on ``content-length`` alone, a
+request naming more ids than ``ServeConfig.max_request_nodes`` is answered 422 from the JSON
+parser's list without checking each id, and the time spent refusing a bad request (4xx other
+than 429) is excused from the event-loop lag the front door sheds on
+(``quiver.serving.shed.LoopLag.excuse``), so the valid requests after it are served, not shed.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 
 from quiver.serving.batcher import Overloaded, ShuttingDown
 from quiver.serving.config import OUTPUTS
@@ -80,8 +86,13 @@ class TooDeep(ValueError):
     """A JSON body nested beyond what the parser's recursion allows."""
 
 
-def parse(body: bytes) -> tuple[list[int], str] | None:
+def parse(body: bytes, max_nodes: int | None = None) -> tuple[list[int], str] | None:
     """``(nodes, output)`` of a well-formed request body; None when the full app must judge it.
+
+    Args:
+        body: the request body.
+        max_nodes: a ``nodes`` list longer than this is returned without checking each id
+            (admission refuses it on its length alone, so checking would be wasted work).
 
     Raises ``TooDeep`` for a body nested too deeply to parse (answered 400, never a 500).
     """
@@ -96,6 +107,8 @@ def parse(body: bytes) -> tuple[list[int], str] | None:
     nodes, output = obj.get("nodes"), obj.get("output", "class")
     if type(nodes) is not list or output not in OUTPUTS:
         return None
+    if max_nodes is not None and len(nodes) > max_nodes:
+        return nodes, output
     # exact type: bool is an int subclass, and the schema's StrictInt refuses it
     if not all(type(v) is int for v in nodes):
         return None
@@ -110,10 +123,10 @@ class PredictFastPath:
             not recognise as well formed (with the body replayed).
         engine: the ``quiver.serving.Engine`` to submit to.
         path: the prediction route.
-        max_body_bytes: bodies longer than this go to the full app (default: room for
-            ``engine.cfg.max_request_nodes`` ids of 20 digits).
         limit_bytes: bodies longer than this are answered 413 without reading the rest
             (default ``engine.cfg.max_body_bytes``).
+        lag: the front door's ``quiver.serving.shed.LoopLag``; the time spent refusing a bad
+            request is excused from it (default: none to tell).
 
     A request whose ``content-type`` is not ``application/json`` is answered 415.
     """
@@ -123,14 +136,15 @@ class PredictFastPath:
         app,
         engine,
         path: str = "/v1/predict",
-        max_body_bytes: int | None = None,
         limit_bytes: int | None = None,
+        lag=None,
     ):
         self.app = app
         self.engine = engine
         self.path = path
-        self.max_body_bytes = max_body_bytes or 22 * engine.cfg.max_request_nodes + 1024
+        self.max_nodes = engine.cfg.max_request_nodes
         self.limit_bytes = limit_bytes or getattr(engine.cfg, "max_body_bytes", 1 << 20)
+        self.lag = lag
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
@@ -162,18 +176,39 @@ class PredictFastPath:
         body = b"".join(chunks)
         why = self.engine.refusal()
         if why is not None:  # overloaded: refuse before paying for parsing and validation
-            status, payload = 429, {"error": why}
+            await _respond(send, 429, {"error": why})
+            return
+        t0 = time.perf_counter()
+        try:
+            parsed = parse(body, self.max_nodes)
+        except TooDeep as e:
+            await _respond(send, 400, {"error": str(e)})
+            self._excuse(400, t0)
+            return
+        if parsed is None:  # not well formed: the full app finds the words for what is wrong
+            status = await self._full_app(scope, body, receive, send)
         else:
-            try:
-                parsed = parse(body) if size <= self.max_body_bytes else None
-            except TooDeep as e:
-                await _respond(send, 400, {"error": str(e)})
-                return
-            if parsed is None:
-                await self.app(scope, _replay([body], receive, more=False), send)
-                return
             status, payload = await answer(self.engine, *parsed)
-        await _respond(send, status, payload)
+            await _respond(send, status, payload)
+        self._excuse(status, t0)
+
+    async def _full_app(self, scope, body: bytes, receive, send) -> int:
+        """Hand the request, body replayed, to the full app; the status it answered."""
+        sent = [0]
+
+        async def seen(msg):
+            if msg["type"] == "http.response.start":
+                sent[0] = msg["status"]
+            await send(msg)
+
+        await self.app(scope, _replay([body], receive, more=False), seen)
+        return sent[0]
+
+    def _excuse(self, status: int, t0: float) -> None:
+        # a refused bad request's parse and answer is not load from valid requests (see the
+        # module docstring); the engine's 429/503 and successful answers stay counted
+        if self.lag is not None and 400 <= status < 500 and status != 429:
+            self.lag.excuse(time.perf_counter() - t0)
 
     def _too_large(self, length: int | None) -> dict:
         got = f"{length} bytes" if length is not None else "more"

@@ -1,9 +1,118 @@
-"""Run a FastAPI app with uvicorn in a background thread (tests, ``quiver.Server``, benchmarks)."""
+"""Run a FastAPI app with uvicorn in a background thread (tests, ``quiver.Server``, benchmarks).
+
+uvicorn has no timeout for reading a request: a client that sends its headers, or part of its
+body, and then stops holds the connection (and a waiting request task) until it goes away, and
+a graceful stop waits for that request. :func:`guarded_protocol` adds the missing bounds to
+uvicorn's HTTP protocol, and :class:`HTTPThread` bounds the graceful stop as a whole.
+"""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+
+_REASONS = {408: b"Request Timeout", 503: b"Service Unavailable"}
+
+
+def guarded_protocol(read_timeout_s: float, on_error=None):
+    """uvicorn's HTTP protocol class with a read timeout and a prompt stop for unsent bodies.
+
+    Args:
+        read_timeout_s: a request's headers must arrive within this of the connection opening
+            or the previous response on it, and its body within this of its headers; when not,
+            the client gets 408 (an idle connection is just closed) and the connection closes.
+        on_error: called with the status of every error this layer answers itself (408, 503,
+            and uvicorn's 400 for an unparseable request), e.g. a ``/metrics`` counter.
+
+    On a graceful stop a request whose body is still arriving is answered 503 at once and its
+    connection closed, instead of keeping the stop waiting for the rest of the body.
+    """
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    class GuardedHTTPProtocol(AutoHTTPProtocol):
+        _timer = None
+        _armed_cycle = None
+        _got_bytes = False
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            self._got_bytes = True
+            before = self.cycle
+            super().data_received(data)
+            if self.cycle is not before and not self.transport.is_closing():
+                self._arm()  # a new request's headers arrived: now its body has the timeout
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()  # the next request's headers have the timeout
+
+        def connection_lost(self, exc) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            if on_error is not None:
+                on_error(400)
+            super().send_400_response(msg)
+
+        def shutdown(self) -> None:
+            cycle = self.cycle
+            if _reading_body(cycle):
+                self._refuse(503, "server shutting down before the request body arrived")
+            else:
+                super().shutdown()
+
+        def _arm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._armed_cycle, self._got_bytes = self.cycle, False
+            self._timer = self.loop.call_later(read_timeout_s, self._expired)
+
+        def _expired(self) -> None:
+            self._timer = None
+            cycle = self.cycle
+            if self.transport.is_closing() or cycle is not self._armed_cycle:
+                return
+            if cycle is None or cycle.response_complete:  # waiting for a request's headers
+                if self._got_bytes:
+                    self._refuse(408, f"request headers not received within {read_timeout_s:g} s")
+                else:
+                    self.transport.close()  # idle: nothing to answer
+            elif _reading_body(cycle):
+                self._refuse(408, f"request body not received within {read_timeout_s:g} s")
+
+        def _refuse(self, status: int, message: str) -> None:
+            body = json.dumps({"error": message}).encode()
+            head = b"HTTP/1.1 %d %s\r\n" % (status, _REASONS[status])
+            head += b"content-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+            self.transport.write(head + b"connection: close\r\n\r\n" + body)
+            self.transport.close()
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:
+                # the app waiting for the body gets a disconnect and ends; nothing more is sent
+                cycle.disconnected = True
+                cycle.message_event.set()
+            if on_error is not None:
+                on_error(status)
+
+    return GuardedHTTPProtocol
+
+
+def _reading_body(cycle) -> bool:
+    """A request in progress whose body has not all arrived and whose answer has not begun."""
+    return (
+        cycle is not None
+        and not cycle.response_complete
+        and not cycle.response_started
+        and cycle.more_body
+    )
 
 
 class HTTPThread:
@@ -13,12 +122,39 @@ class HTTPThread:
         app: the ASGI app.
         host: interface to bind (default loopback only).
         port: TCP port, 0 for any free one.
+        read_timeout_s: see :func:`guarded_protocol` (default: the app's
+            ``app.state.serve_config.read_timeout_s`` when ``create_app`` built it, else 5 s).
+        shutdown_timeout_s: :meth:`stop` cancels requests still running after this (default:
+            the app's ``serve_config.shutdown_timeout_s``, else 5 s).
+        on_error: counts the statuses the protocol answers itself (default: the app's
+            ``app.state.on_http_error``, when it has one).
     """
 
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        app,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        read_timeout_s: float | None = None,
+        shutdown_timeout_s: float | None = None,
+        on_error=None,
+    ):
         import uvicorn
 
-        cfg = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+        state = getattr(app, "state", None)
+        cfg = getattr(state, "serve_config", None)
+        read_timeout_s = read_timeout_s or getattr(cfg, "read_timeout_s", 5.0)
+        self.shutdown_timeout_s = shutdown_timeout_s or getattr(cfg, "shutdown_timeout_s", 5.0)
+        on_error = on_error or getattr(state, "on_http_error", None)
+        cfg = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            access_log=False,
+            http=guarded_protocol(read_timeout_s, on_error),
+            timeout_graceful_shutdown=self.shutdown_timeout_s,
+        )
         self.server = uvicorn.Server(cfg)
         self.host = host
         self.port = port
@@ -41,9 +177,12 @@ class HTTPThread:
         self.port = sock.getsockname()[1]
         return self
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop listening, answer 503 to bodies still arriving, let running requests finish
+        (cancelled after ``shutdown_timeout_s``), then return; ``timeout`` bounds the wait
+        (default ``shutdown_timeout_s`` + 2 s)."""
         self.server.should_exit = True
-        self._thread.join(timeout)
+        self._thread.join(self.shutdown_timeout_s + 2.0 if timeout is None else timeout)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -15,6 +15,42 @@ import asyncio
 import json
 
 
+class LoopLag:
+    """How late the event loop runs: a timer's lateness, fast attack, 30% decay per tick.
+
+    Time the loop spent refusing a bad request (a body that is not a valid prediction, parsed
+    and answered 4xx) is not load from valid requests: :meth:`excuse` takes it out of the next
+    sample, so one oversized or malformed request does not make the requests after it 429.
+
+    Args:
+        interval_s: the timer's period.
+    """
+
+    def __init__(self, interval_s: float = 0.01):
+        self.interval_s = interval_s
+        self.lag_s = 0.0
+        self._excused_s = 0.0
+        self._task = None
+
+    def ensure_running(self) -> None:
+        """Start the monitor on the running loop, once (call from a coroutine)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._monitor())
+
+    def excuse(self, seconds: float) -> None:
+        """Do not count ``seconds`` the loop just spent (refusing a bad request) as lag."""
+        self._excused_s += seconds
+
+    async def _monitor(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            self._excused_s = 0.0
+            await asyncio.sleep(self.interval_s)
+            late = loop.time() - t0 - self.interval_s - self._excused_s
+            self.lag_s = max(late, 0.7 * self.lag_s, 0.0)
+
+
 class LoopLagShedder:
     """ASGI middleware answering 429 for ``path`` while the event loop lags ``max_lag_s``.
 
@@ -22,50 +58,54 @@ class LoopLagShedder:
         app: the wrapped ASGI app.
         max_lag_s: lag bound in seconds; ``None`` disables shedding (the monitor still runs).
         path: the route to protect (others, e.g. ``/healthz`` and ``/metrics``, always pass).
-        interval_s: the monitor's timer period.
+        interval_s: the monitor's timer period (when ``lag`` is not given).
         on_reject: called once per refused request (e.g. a metrics counter).
+        lag: the :class:`LoopLag` to read (shared with the fast path, which excuses the time it
+            spends refusing bad requests); default a new one.
+
+    A refusal does not read the body: the HTTP server discards what the client still sends
+    (uvicorn does, and keeps the connection), so refusing a large body costs no more than a
+    small one.
     """
 
-    def __init__(self, app, max_lag_s, path="/v1/predict", interval_s=0.01, on_reject=None):
+    def __init__(
+        self,
+        app,
+        max_lag_s,
+        path="/v1/predict",
+        interval_s=0.01,
+        on_reject=None,
+        lag: LoopLag | None = None,
+    ):
         self.app = app
         self.max_lag_s = max_lag_s
         self.path = path
-        self.interval_s = interval_s
         self.on_reject = on_reject
-        self.lag_s = 0.0  # fast attack, decays by 30% per tick once the loop is on time
-        self._task = None
+        self.lag = lag or LoopLag(interval_s)
 
-    async def _monitor(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            t0 = loop.time()
-            await asyncio.sleep(self.interval_s)
-            late = max(0.0, loop.time() - t0 - self.interval_s)
-            self.lag_s = max(late, 0.7 * self.lag_s)
+    @property
+    def lag_s(self) -> float:
+        """The current lag estimate in seconds."""
+        return self.lag.lag_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
-            if self._task is None or self._task.done():
-                self._task = asyncio.get_running_loop().create_task(self._monitor())
+            self.lag.ensure_running()
             if (
                 self.max_lag_s is not None
                 and scope.get("path") == self.path
-                and self.lag_s > self.max_lag_s
+                and self.lag.lag_s > self.max_lag_s
             ):
-                await self._refuse(receive, send)
+                await self._refuse(send)
                 return
         await self.app(scope, receive, send)
 
-    async def _refuse(self, receive, send) -> None:
-        more = True
-        while more:  # drain the body so the keep-alive connection stays usable
-            msg = await receive()
-            more = msg.get("type") == "http.request" and msg.get("more_body", False)
+    async def _refuse(self, send) -> None:
         if self.on_reject is not None:
             self.on_reject()
         body = json.dumps(
             {
-                "error": f"overloaded: the server runs {self.lag_s * 1e3:.0f} ms behind "
+                "error": f"overloaded: the server runs {self.lag.lag_s * 1e3:.0f} ms behind "
                 f"(bound {self.max_lag_s * 1e3:.0f} ms); retry later"
             }
         ).encode()
