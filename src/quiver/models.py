@@ -136,6 +136,14 @@ def _sage_csr(conv, x: Tensor, edge_index: Tensor, num_dst: int) -> Tensor | Non
     deg = torch.bincount(dst, minlength=num_dst)  # (num_dst,)
     crow = torch.zeros(num_dst + 1, dtype=torch.long)
     torch.cumsum(deg, 0, out=crow[1:])
+    if x.dtype == torch.bfloat16 and not torch.is_grad_enabled():
+        # torch has no bf16 sparse CSR product; embedding_bag's mean over each target's CSR
+        # row is the same neighbour mean (accumulated in fp32, rounded once to bf16; an empty
+        # row gives 0 like the CSR path), then the two linear maps run as bf16 GEMMs (oneDNN:
+        # AMX / AVX-512-BF16 where the CPU has them)
+        agg = torch.nn.functional.embedding_bag(src, x, crow[:-1], mode="mean")
+        out = conv.lin_l(agg)
+        return out.addmm_(x[:num_dst], conv.lin_r.weight.t())  # (num_dst, out)
     ones = torch.ones(src.numel(), dtype=x.dtype)
     with warnings.catch_warnings():  # torch flags sparse CSR as beta on its first use
         warnings.simplefilter("ignore", UserWarning)

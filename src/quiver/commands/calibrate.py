@@ -1,5 +1,7 @@
 """``quiver calibrate DATASET_DIR``: measure CPU vs GPU sampling latency against batch PSGS,
-store the crossover threshold in the dataset's manifest and plot both curves."""
+store the crossover threshold in the dataset's manifest and plot both curves; with
+``--checkpoint``, also time the feature gather and the model in fp32 and bf16 and record the
+faster per stage for this CPU model (what ``quiver serve --precision auto`` uses)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ def register(sub) -> None:
             "Times the CPU (numba) and GPU (vectorized torch) sampling paths on the same random "
             "batches of 1..MAX_BATCH seeds, fits latency = a + b * PSGS for each, and writes the "
             "crossover threshold into DATASET_DIR/manifest.json (under 'calibration') and a PNG "
-            "plot. Without CUDA the second path is the torch kernel on the CPU."
+            "plot. Without CUDA the second path is the torch kernel on the CPU. With --checkpoint "
+            "it also times the feature gather and the model in fp32 and bf16 on sampled batches "
+            "and records the faster per stage, with this CPU's model name, under 'precision' "
+            "(read by `quiver serve --precision auto`)."
         ),
     )
     p.add_argument("dataset_dir", metavar="DATASET_DIR", help="a directory from `quiver prepare`")
@@ -27,6 +32,28 @@ def register(sub) -> None:
     p.add_argument("--device", default=None, help="GPU path device (default: cuda if present)")
     p.add_argument("--plot", default=None, help="PNG path (default DATASET_DIR/calibration.png)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed (default 0)")
+    p.add_argument(
+        "--checkpoint",
+        default=None,
+        help="also choose the serving precision for this model (see `quiver serve`)",
+    )
+    p.add_argument("--model", default=None, help="factory for a state_dict --checkpoint")
+    p.add_argument("--trust-pickle", action="store_true", help="as for `quiver serve`")
+    p.add_argument(
+        "--precision-batches",
+        default="32,256",
+        help="seeds per batch of the precision timing (default 32,256)",
+    )
+    p.add_argument("--precision-repeats", type=int, default=5, help="batches per size (default 5)")
+    p.add_argument(
+        "--torch-threads", type=int, default=1, help="model threads, as served (default 1)"
+    )
+    p.add_argument(
+        "--no-sampling",
+        dest="sampling",
+        action="store_false",
+        help="skip the CPU/GPU sampling calibration (with --checkpoint: precision only)",
+    )
     p.set_defaults(func=run)
 
 
@@ -42,9 +69,6 @@ def _parse_sizes(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    import math
-
-    import torch
 
     d = Path(args.dataset_dir)
     if not (d / "manifest.json").is_file():
@@ -57,9 +81,63 @@ def run(args: argparse.Namespace) -> int:
     else:
         raise ValueError("the manifest names no fanouts; pass --sizes 15,10,5")
     from quiver.datasets import load_prepared
+
+    if not args.sampling and not args.checkpoint:
+        raise ValueError("--no-sampling leaves nothing to calibrate without --checkpoint")
+    ds = load_prepared(d)
+    if args.sampling:
+        _calibrate_sampling(args, d, ds.topo, sizes)
+    if args.checkpoint:
+        _calibrate_precision(args, d, ds, sizes)
+    return 0
+
+
+def _calibrate_precision(args, d: Path, ds, sizes: list[int]) -> None:
+    from quiver.precision import measure_precision, write_precision
+    from quiver.pyg import GraphSageSampler
+    from quiver.usermodel import load_served_model
+
+    batches = _parse_sizes(args.precision_batches)
+    net, minfo = load_served_model(args.checkpoint, args.model, args.trust_pickle, None)
+    if not args.sizes and minfo["fanouts"]:
+        sizes = [int(k) for k in minfo["fanouts"]]
+    sizes = sizes + sizes[-1:] * minfo["extra_hops"]
+    sampler = GraphSageSampler(
+        ds.topo, sizes, mode="CPU", seed=args.seed, frontier=minfo["frontier"]
+    )
+    print(f"precision: timing gather and model in fp32 and bf16 (batches {batches})", flush=True)
+    choice = measure_precision(
+        sampler,
+        ds.features,
+        net,
+        ds.num_nodes,
+        batch_sizes=batches,
+        repeats=args.precision_repeats,
+        seed=args.seed,
+        num_threads=args.torch_threads,
+    )
+    for stage in ("gather", "model"):
+        t = choice.timings[stage]
+        ms = ", ".join(f"{p} {v * 1e3:.1f} ms" for p, v in t.items())
+        print(f"  {stage}: {ms} (summed over {len(batches) * args.precision_repeats} batches)")
+    if choice.agreement is not None:
+        print(
+            f"  bf16 model vs fp32: argmax agreement {choice.agreement:.4f}, "
+            f"max |logit diff| {choice.max_abs_diff:.4g}"
+        )
+    if choice.note:
+        print(f"  note: {choice.note}")
+    write_precision(d / "manifest.json", choice)
+    print(f"precision: {choice.describe()}; wrote {d / 'manifest.json'} ['precision']")
+
+
+def _calibrate_sampling(args, d: Path, topo, sizes: list[int]) -> None:
+    import math
+
+    import torch
+
     from quiver.hybrid import calibrate, plot_calibration, write_calibration
 
-    topo = load_prepared(d).topo
     device = args.device
     if device is None and not torch.cuda.is_available():
         print(
@@ -97,4 +175,3 @@ def run(args: argparse.Namespace) -> int:
         + ("none" if math.isinf(emp) else f"PSGS >= {emp:,.0f}")
     )
     print(f"wrote {d / 'manifest.json'} ['calibration'] and {plot}")
-    return 0

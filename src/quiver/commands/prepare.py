@@ -53,6 +53,13 @@ def register(sub) -> None:
             metavar="FILE",
             help=f"{name} node ids (or an [N] boolean mask) as .npy, for --edges",
         )
+    p.add_argument(
+        "--feature-dtype",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="feature storage: fp32, or bf16 (half the bytes to read and gather; served as "
+        "bf16 rows, see `quiver serve --precision`) (default fp32)",
+    )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
 
@@ -191,11 +198,16 @@ def run(args: argparse.Namespace) -> int:
         manifest["source"] = {**manifest.get("source", {}), "undirected": args.undirected}
         datasets.save_prepared(out, ds.topo, ds.features, ds.labels, ds.splits, manifest)
         ds = datasets.load_prepared(out)
+    if args.feature_dtype == "bf16":
+        datasets.convert_features(out, "bfloat16")
+        ds = datasets.load_prepared(out)
     m = ds.manifest
     deg = m["degree"]
+    fdtype = m.get("dtypes", {}).get("features", "float32")
     print(
         f"prepared {m.get('name', out.name)} in {out}: {m['num_nodes']:,} nodes, "
-        f"{m['num_edges']:,} edges, {m['num_features']} features, {m['num_classes']} classes "
+        f"{m['num_edges']:,} edges, {m['num_features']} {fdtype} features, "
+        f"{m['num_classes']} classes "
         f"({time.perf_counter() - t0:.1f} s)"
     )
     sizes = m.get("split_sizes", {})

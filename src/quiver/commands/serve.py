@@ -59,6 +59,16 @@ def add_serve_options(p) -> None:
         default="0",
         help="RAM for hot feature rows over the mmap file, e.g. 2G (0: load as is)",
     )
+    p.add_argument(
+        "--precision",
+        default="fp32",
+        metavar="auto|fp32|bf16",
+        help="fp32 (as trained); bf16: feature rows gathered and the model run in bf16 "
+        "(AMX / AVX-512-BF16 through oneDNN), logits still fp32; auto: per stage the faster "
+        "on this CPU, as `quiver calibrate --checkpoint` recorded it for this CPU model and "
+        "this model, else measured at start-up (seconds) and recorded in the manifest "
+        "(default fp32)",
+    )
     p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible answers)")
     p.add_argument("--device", default=None, help="model device, e.g. cuda:0 (default cpu)")
     p.add_argument("--gpu-cache", default="4G", help="feature bytes cached on a GPU device (4G)")
@@ -139,6 +149,7 @@ def server_from_args(args):
         feature_cache=args.feature_cache if args.feature_cache != "0" else 0,
         device=args.device,
         gpu_cache=args.gpu_cache,
+        precision=args.precision,
     )
 
 

@@ -9,6 +9,7 @@
 from quiver.datasets.loaders import from_pyg, load_edge_list, load_ogb
 from quiver.datasets.prepared import (
     PreparedDataset,
+    convert_features,
     degree_stats,
     load_prepared,
     save_prepared,
@@ -22,6 +23,7 @@ __all__ = [
     "Preset",
     "PreparedDataset",
     "RMat",
+    "convert_features",
     "degree_stats",
     "from_pyg",
     "load_edge_list",

@@ -4,7 +4,8 @@ Layout::
 
     manifest.json        name, source, shapes, dtypes, degree statistics, default fanouts, ...
     indptr.npy indices.npy [eid.npy] topo.json     the CSRTopo (CSRTopo.save layout)
-    features.npy         [N, F] float32
+    features.npy         [N, F] float32, or bfloat16 stored as its uint16 bit patterns
+                         (manifest ``dtypes.features == "bfloat16"``; numpy has no bfloat16)
     labels.npy           [N] int64 (-1 = unlabelled)
     split/train.npy split/valid.npy split/test.npy     int64 node ids
 
@@ -24,9 +25,12 @@ import torch
 from quiver.graph import CSRTopo
 
 __all__ = [
+    "FEATURE_DTYPES",
     "MANIFEST",
     "PreparedDataset",
+    "convert_features",
     "degree_stats",
+    "feature_dtype",
     "load_prepared",
     "save_prepared",
     "update_manifest",
@@ -34,6 +38,8 @@ __all__ = [
 
 MANIFEST = "manifest.json"
 SPLITS = ("train", "valid", "test")
+#: on-disk feature dtypes (manifest ``dtypes.features``): name -> torch dtype
+FEATURE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 @dataclass
@@ -42,7 +48,8 @@ class PreparedDataset:
 
     Attributes:
         topo: the in-neighbour CSR topology.
-        features: ``[N, F]`` float32 (a memory-mapped tensor when loaded with ``mmap=True``).
+        features: ``[N, F]`` float32 or bfloat16, as the manifest's ``dtypes.features`` says
+            (a memory-mapped tensor when loaded with ``mmap=True``).
         labels: ``[N]`` int64 class ids, ``-1`` where unknown.
         splits: ``{"train", "valid", "test"}`` -> int64 node ids.
         manifest: the metadata (``manifest.json``).
@@ -201,6 +208,14 @@ def load_prepared(directory, mmap: bool = True) -> PreparedDataset:
             raise FileNotFoundError(f"missing {name} in {d}")
     topo = CSRTopo.load(d, mmap=mmap)
     feats = np.load(d / "features.npy", mmap_mode="c" if mmap else None)
+    features = torch.from_numpy(feats)
+    if feature_dtype(manifest) == "bfloat16":
+        if feats.dtype != np.uint16:
+            raise ValueError(
+                f"{d / 'features.npy'} holds {feats.dtype}, but the manifest says bfloat16 "
+                "(stored as uint16 bit patterns)"
+            )
+        features = features.view(torch.bfloat16)
     labels = torch.from_numpy(np.load(d / "labels.npy"))
     splits = {}
     for name in SPLITS:
@@ -208,4 +223,48 @@ def load_prepared(directory, mmap: bool = True) -> PreparedDataset:
         splits[name] = (
             torch.from_numpy(np.load(p)) if p.exists() else torch.empty(0, dtype=torch.long)
         )
-    return PreparedDataset(topo, torch.from_numpy(feats), labels, splits, manifest, d)
+    return PreparedDataset(topo, features, labels, splits, manifest, d)
+
+
+def feature_dtype(manifest: dict) -> str:
+    """The on-disk feature dtype a manifest names (``"float32"`` for manifests without one)."""
+    name = (manifest.get("dtypes") or {}).get("features", "float32")
+    if name not in FEATURE_DTYPES:
+        raise ValueError(
+            f"manifest dtypes.features is {name!r}; this version reads {sorted(FEATURE_DTYPES)}"
+        )
+    return name
+
+
+def convert_features(directory, dtype: str, chunk_rows: int = 1 << 16) -> dict:
+    """Rewrite ``directory/features.npy`` in ``dtype`` (``"float32"`` or ``"bfloat16"``) and
+    record it in the manifest; returns the new manifest.
+
+    Rows are converted in chunks of ``chunk_rows`` (memory stays bounded for large tables)
+    into a temporary file that then replaces the old one. bfloat16 rounds to nearest even
+    (``torch.Tensor.to``) and is stored as its ``uint16`` bit patterns.
+    """
+    if dtype not in FEATURE_DTYPES:
+        raise ValueError(f"feature dtype must be one of {sorted(FEATURE_DTYPES)}, got {dtype!r}")
+    d = Path(directory)
+    manifest = json.loads((d / MANIFEST).read_text())
+    old = feature_dtype(manifest)
+    if old == dtype:
+        return manifest
+    src = np.load(d / "features.npy", mmap_mode="r")
+    tmp = d / ".features.npy.tmp"
+    out = np.lib.format.open_memmap(
+        tmp, mode="w+", dtype=np.uint16 if dtype == "bfloat16" else np.float32, shape=src.shape
+    )
+    for lo in range(0, src.shape[0], chunk_rows):
+        block = torch.from_numpy(np.array(src[lo : lo + chunk_rows]))
+        if old == "bfloat16":
+            block = block.view(torch.bfloat16)
+        block = block.to(FEATURE_DTYPES[dtype])
+        out[lo : lo + chunk_rows] = (
+            block.view(torch.int16).numpy().view(np.uint16) if dtype == "bfloat16" else block
+        )
+    out.flush()
+    del out, src
+    tmp.replace(d / "features.npy")
+    return update_manifest(d, dtypes={**manifest.get("dtypes", {}), "features": dtype})

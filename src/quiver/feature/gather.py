@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 import numpy as np
 
-__all__ = ["RowGather", "as_words"]
+__all__ = ["RowGather", "as_words", "tensor_words"]
 
 #: below this many rows a gather runs in the calling thread (pool hand-off costs ~50 us)
 _INLINE_ROWS = 2048
@@ -49,6 +49,16 @@ def as_words(a: np.ndarray) -> np.ndarray:
             # plain ndarray: numba needs no subclass (np.memmap) handling
             return np.ndarray(v.shape, v.dtype, buffer=v) if v.size else v
     raise AssertionError("unreachable: uint8 divides every row")
+
+
+def tensor_words(t) -> np.ndarray:
+    """:func:`as_words` of a contiguous 2-D CPU tensor of any dtype (bfloat16 has no numpy
+    type: its bits are viewed as int16; the gather copies words, not values)."""
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return as_words(t.numpy())
 
 
 class RowGather:

@@ -282,10 +282,16 @@ class Feature:
             self.tiers.append(HostTier(g, n, host, self._gather))
         self._finish(perm)
 
-    def from_mmap(self, source, device_config: DeviceConfig | None = None) -> Feature:
+    def from_mmap(
+        self, source, device_config: DeviceConfig | None = None, dtype: torch.dtype | None = None
+    ) -> Feature:
         """Serve features from a memory-mapped ``.npy`` file (or an ``np.memmap``) holding all
         rows in id order: the hottest rows go to the GPU tier and a RAM cache of
         ``host_cache_size`` bytes; the rest is read from the file on demand.
+
+        ``dtype`` reinterprets the file's items as this torch dtype of the same size (rows are
+        copied as raw words): ``torch.bfloat16`` for the ``uint16`` bit patterns ``quiver
+        prepare --feature-dtype bf16`` writes (numpy has no bfloat16).
 
         With a :class:`DeviceConfig` (torch-quiver's form), the store holds exactly the rows
         it names: ``gpu_parts[rank]`` (on the devices; in host RAM when ``device_list`` is
@@ -306,7 +312,10 @@ class Feature:
             raise ValueError(f"from_mmap expects a .npy path or a numpy memmap, got {type(source)}")
         if not arr.flags.c_contiguous:
             raise ValueError("memory-mapped features must be C-contiguous (row-major)")
-        n, dim = self._check_source(arr.shape, torch.from_numpy(arr[:0].copy()).dtype)
+        file_dtype = torch.from_numpy(arr[:0].copy()).dtype
+        if dtype is not None and torch.empty(0, dtype=dtype).element_size() != arr.itemsize:
+            raise ValueError(f"dtype {dtype} does not match the file's {arr.itemsize}-byte items")
+        n, dim = self._check_source(arr.shape, dtype or file_dtype)
         self._id_map = None
         perm = self._hot_order(n)
         perm_np = perm.numpy()
@@ -319,7 +328,7 @@ class Feature:
             by_file = np.argsort(ids, kind="stable")
             out = np.empty((hi - lo, dim), dtype=arr.dtype)
             self._disk_gather(words, ids[by_file], as_words(out), by_file.astype(np.int64))
-            return torch.from_numpy(out)
+            return torch.from_numpy(out).view(self._dtype)
 
         self.tiers = []
         g = self._build_device_tier(rows_at, n, row_bytes)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from quiver.feature.gather import RowGather, as_words
+from quiver.feature.gather import RowGather, as_words, tensor_words
 
 __all__ = ["Tier", "ReplicatedTier", "CliqueTier", "HostTier", "DiskTier"]
 
@@ -66,7 +66,7 @@ class ReplicatedTier(Tier):
     def read_into(self, local, out, sel):
         src = self.replicas[out.device]
         if _cpu_pair(src, out) and self.gather is not None:
-            self.gather(as_words(src.numpy()), local, as_words(out.numpy()), sel)
+            self.gather(tensor_words(src), local, tensor_words(out), sel)
             return
         local_t = torch.from_numpy(local).to(src.device)
         out.index_copy_(0, torch.from_numpy(sel).to(out.device), src.index_select(0, local_t))
@@ -102,7 +102,7 @@ class CliqueTier(Tier):
             if not m.any():
                 continue
             if _cpu_pair(t, out) and self.gather is not None:
-                self.gather(as_words(t.numpy()), local[m] - lo, as_words(out.numpy()), sel[m])
+                self.gather(tensor_words(t), local[m] - lo, tensor_words(out), sel[m])
                 continue
             rows = t.index_select(0, torch.from_numpy(local[m] - lo).to(t.device))
             # a peer read: on CUDA this copies over NVLink into the output's device
@@ -133,7 +133,7 @@ class _CpuRowsTier(Tier):
     def read_into(self, local, out, sel):
         src_rows = self._source_rows(local)
         if out.device.type == "cpu":
-            self.gather(self.words, src_rows, as_words(out.numpy()), sel)
+            self.gather(self.words, src_rows, tensor_words(out), sel)
             return
         dst = torch.from_numpy(sel).to(out.device, non_blocking=True)
         uva = self._uva_rows(out.device)
@@ -146,7 +146,7 @@ class _CpuRowsTier(Tier):
         staging = torch.empty(
             (len(src_rows), out.shape[1]), dtype=out.dtype, pin_memory=self.pinned
         )
-        self.gather(self.words, src_rows, as_words(staging.numpy()))
+        self.gather(self.words, src_rows, tensor_words(staging))
         out.index_copy_(0, dst, staging.to(out.device, non_blocking=True))
 
     def read_ids_into(self, ids: np.ndarray, out: torch.Tensor, pos_of: np.ndarray | None):
@@ -192,7 +192,7 @@ class HostTier(_CpuRowsTier):
 
     def __init__(self, start: int, stop: int, rows: torch.Tensor, gather: RowGather):
         assert rows.device.type == "cpu" and rows.is_contiguous()
-        super().__init__("host", start, stop, as_words(rows.numpy()), gather, rows.is_pinned())
+        super().__init__("host", start, stop, tensor_words(rows), gather, rows.is_pinned())
         self.rows = rows  # keeps the storage alive
         self._uva: dict[torch.device, torch.Tensor | None] = {}
 
@@ -208,7 +208,7 @@ class HostTier(_CpuRowsTier):
 
     def read_ids_into(self, ids, out, pos_of):
         assert self.start == 0
-        self.gather(self.words, ids, as_words(out.numpy()), row_map=pos_of)
+        self.gather(self.words, ids, tensor_words(out), row_map=pos_of)
 
 
 class DiskTier(_CpuRowsTier):
@@ -233,4 +233,4 @@ class DiskTier(_CpuRowsTier):
 
     def read_ids_into(self, ids, out, pos_of):
         # the file is in id order: the node id is the row
-        self.gather(self.words, ids, as_words(out.numpy()))
+        self.gather(self.words, ids, tensor_words(out))

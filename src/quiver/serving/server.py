@@ -48,6 +48,7 @@ class Server:
         model: str | None = None,
         trust_pickle: bool = False,
         convention: str | None = None,
+        precision: str = "fp32",
     ) -> Server:
         """Build a server for a prepared dataset and a model.
 
@@ -76,13 +77,25 @@ class Server:
             trust_pickle: allow a checkpoint that unpickles arbitrary objects.
             convention: the model's input, ``"edge_index"`` or ``"adjs"`` (default: from its
                 ``forward`` signature).
+            precision: ``"fp32"`` (default: as trained), ``"bf16"`` (feature rows gathered in
+                bf16, converted at load unless stored so, and the model's weights in bf16), or
+                ``"auto"``: per stage the faster on this CPU, from the manifest's
+                ``"precision"`` entry when it was measured on this CPU model, else measured
+                now (``quiver.precision.measure_precision``, a few seconds) and recorded there.
+                Logits and embeddings are fp32 either way. A bf16-stored dataset (``quiver
+                prepare --feature-dtype bf16``) is gathered in bf16 under every setting.
         """
         import torch
 
         from quiver.datasets import load_prepared
+        from quiver.precision import PRECISIONS
         from quiver.pyg import GraphSageSampler
         from quiver.usermodel import load_served_model
 
+        if precision not in PRECISIONS:
+            raise ValueError(
+                f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
+            )
         if device is not None:
             try:
                 device = torch.device(device)
@@ -119,19 +132,44 @@ class Server:
         frontier = minfo["frontier"]
         cfg = cfg or ServeConfig()
         net.to(device)
+        choice, how = _precision_choice(
+            precision, ds, net, sizes, frontier, device, cfg, sampler_threads
+        )
         features = ds.features
+        stored_bf16 = features.dtype == torch.bfloat16
+        gather = "bf16" if stored_bf16 else choice.gather
+        from_file = True  # else the bf16 rows converted in RAM feed --feature-cache
+        if choice.gather == "bf16" and not stored_bf16:
+            from quiver.feature.sizes import parse_bytes
+
+            cache = parse_bytes(feature_cache or 0, "feature_cache")
+            if feature_cache and device.type == "cpu" and cache < features.numel() * 2:
+                gather = "fp32"
+                how += "; fp32 rows: a partial --feature-cache reads the file as stored"
+            else:
+                features = features.to(torch.bfloat16)  # converted once, in RAM
+                from_file = False
+        from quiver.precision import DTYPES, PrecisionModel
+
+        net = PrecisionModel.wrap(net, DTYPES[choice.model], DTYPES[gather])
+        precision_info = f"precision: gather {gather}, model {choice.model} ({how})"
         if device.type == "cuda":
             from quiver.feature import Feature
 
             features = Feature(
                 0, [device], gpu_cache, csr_topo=ds.topo, sizes=fanouts
-            ).from_cpu_tensor(torch.as_tensor(ds.features))
+            ).from_cpu_tensor(torch.as_tensor(features))
         elif feature_cache:
             from quiver.feature import Feature
 
-            features = Feature(
+            store = Feature(
                 0, [], 0, csr_topo=ds.topo, sizes=fanouts, host_cache_size=feature_cache
-            ).from_mmap(Path(dataset_dir) / "features.npy")
+            )
+            if from_file:
+                path = Path(dataset_dir) / "features.npy"
+                features = store.from_mmap(path, dtype=ds.features.dtype)
+            else:
+                features = store.from_cpu_tensor(features)
         sampler = None
         path_info = "CPU sampling (numba threads)"
         calib = ds.manifest.get("calibration")
@@ -164,7 +202,7 @@ class Server:
         info = (
             f"{name}: {ds.num_nodes:,} nodes, {ds.topo.edge_count:,} edges; "
             f"{minfo['kind']}, input {minfo['convention']}, fanouts {fanouts}{extra}; "
-            f"{path_info}; model on {device}"
+            f"{path_info}; model on {device}; {precision_info}"
         )
         return cls(engine, info)
 
@@ -208,3 +246,41 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _precision_choice(precision, ds, net, sizes, frontier, device, cfg, sampler_threads):
+    """``(PrecisionChoice, how it was decided)`` for ``Server.from_dataset``'s ``precision``."""
+    from quiver.precision import (
+        PRECISIONS,
+        PrecisionChoice,
+        measure_precision,
+        read_precision,
+        write_precision,
+    )
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if precision != "auto":
+        return PrecisionChoice.fixed(precision), "as asked"
+    if device.type != "cpu":
+        return PrecisionChoice.fixed("fp32"), f"auto measures CPU models only; model on {device}"
+    choice = read_precision(ds.manifest, model=net)
+    if choice is not None:
+        return choice, f"auto, from the manifest: measured on {choice.cpu_model}"
+    from quiver.pyg import GraphSageSampler
+
+    # a sampler of its own, so a seeded serving sampler's stream is not advanced
+    sampler = GraphSageSampler(
+        ds.topo, sizes, mode="CPU", seed=0, num_threads=sampler_threads, frontier=frontier
+    )
+    choice = measure_precision(
+        sampler, ds.features, net, ds.num_nodes, repeats=2, num_threads=cfg.torch_threads
+    )
+    how = f"auto, measured now on {choice.cpu_model}"
+    if ds.path is not None:
+        try:
+            write_precision(Path(ds.path) / "manifest.json", choice)
+            how += ", recorded in the manifest"
+        except OSError as e:
+            log.warning("could not record the precision choice in %s: %s", ds.path, e)
+    return choice, how

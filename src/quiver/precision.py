@@ -1,0 +1,355 @@
+"""Serving precision as a measured choice: fp32 or bf16 per stage (feature gather, model).
+
+bf16 halves the bytes a gather moves, and oneDNN runs bf16 GEMMs on AMX or AVX-512-BF16
+units several times faster than fp32 where a CPU has them; where it does not, bf16 GEMMs are
+emulated and slower. So ``--precision auto`` does not guess: :func:`measure_precision` times
+both stages in both precisions on sampled batches of the served graph, on this machine, and
+keeps per stage the faster one (bf16 only when it wins by a margin and its answers agree with
+fp32). :func:`write_precision` records the choice with the CPU model in the dataset's
+``manifest.json`` (under ``"precision"``, beside the PSGS ``"calibration"``);
+:func:`read_precision` reuses it on the next start on the same CPU model and returns
+nothing for another CPU, which then measures again.
+
+Logits and embeddings leave the model in fp32 whatever runs inside (:class:`PrecisionModel`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = [
+    "PRECISIONS",
+    "STAGES",
+    "PrecisionChoice",
+    "PrecisionModel",
+    "cpu_model",
+    "measure_precision",
+    "model_id",
+    "read_precision",
+    "write_precision",
+]
+
+#: values of ``--precision``
+PRECISIONS = ("auto", "fp32", "bf16")
+#: the stages a choice covers
+STAGES = ("gather", "model")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def cpu_model() -> str:
+    """This machine's CPU model: ``lscpu``'s "Model name", else /proc/cpuinfo's "model name",
+    else ``platform.processor()`` (``"unknown"`` when none answers)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["lscpu"], capture_output=True, text=True, timeout=5, env={**os.environ, "LC_ALL": "C"}
+        ).stdout
+        for line in out.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "Model name" and value.strip():
+                return value.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def model_id(model: nn.Module) -> str:
+    """A short fingerprint of a model's architecture: class, parameter count, tensor count."""
+    inner = getattr(model, "module", model)
+    params = list(model.parameters())
+    return f"{type(inner).__name__}:{sum(p.numel() for p in params)}:{len(params)}"
+
+
+@dataclass
+class PrecisionChoice:
+    """The precision of each serving stage, as measured (or asked for).
+
+    Attributes:
+        gather: ``"fp32"`` or ``"bf16"``: the dtype feature rows are stored and gathered in.
+        model: ``"fp32"`` or ``"bf16"``: the dtype of the model's weights and activations.
+        cpu_model: the CPU it was measured on (:func:`cpu_model`); empty when not measured.
+        model_id: the model it was measured for (:func:`model_id`); another model measures
+            again.
+        timings: ``{"gather": {"fp32": s, "bf16": s}, "model": {...}}``: summed seconds over
+            the measured batches (model: fed rows of its chosen gather dtype).
+        agreement: share of the measured seeds whose bf16-model argmax equals fp32's.
+        max_abs_diff: largest |bf16 - fp32| logit over those seeds.
+        batch_sizes: seeds per measured batch; ``repeats`` batches of each.
+        torch_threads: intra-op threads of the model timings.
+        note: why a stage stayed fp32 (e.g. the bf16 model failed), else empty.
+        created: UTC timestamp.
+    """
+
+    gather: str = "fp32"
+    model: str = "fp32"
+    cpu_model: str = ""
+    model_id: str = ""
+    timings: dict = field(default_factory=dict)
+    agreement: float | None = None
+    max_abs_diff: float | None = None
+    batch_sizes: list = field(default_factory=list)
+    repeats: int = 0
+    torch_threads: int = 1
+    note: str = ""
+    created: str = ""
+
+    def __post_init__(self):
+        for stage in STAGES:
+            value = getattr(self, stage)
+            if value not in DTYPES:
+                raise ValueError(f"precision {stage} must be fp32 or bf16, got {value!r}")
+
+    @classmethod
+    def fixed(cls, precision: str) -> PrecisionChoice:
+        """Both stages in ``precision`` (``"fp32"`` or ``"bf16"``), not measured."""
+        if precision not in DTYPES:
+            raise ValueError(f"--precision must be one of {PRECISIONS}, got {precision!r}")
+        return cls(gather=precision, model=precision)
+
+    def describe(self) -> str:
+        """One line: ``gather bf16, model fp32 (measured on AMD EPYC)``."""
+        where = f" (measured on {self.cpu_model})" if self.cpu_model else ""
+        return f"gather {self.gather}, model {self.model}{where}"
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> PrecisionChoice:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class PrecisionModel(nn.Module):
+    """A served model run in bf16 (or fp32) whose outputs are fp32.
+
+    Casts the gathered rows to the model's dtype, runs ``forward_all`` / ``forward``, and
+    returns fp32 tensors. Built by :meth:`wrap`, which converts a *copy* of the model's
+    weights, so the fp32 model it came from stays as it was.
+
+    Args:
+        module: a model with ``forward_all(x, adjs)`` (``SampledGNN`` or ``ServedModel``).
+        dtype: the dtype its weights are in and its inputs are cast to.
+    """
+
+    def __init__(self, module: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.module = module
+        self.dtype = dtype
+        self.has_embedding = bool(getattr(module, "has_embedding", True))
+
+    @classmethod
+    def wrap(cls, model: nn.Module, dtype: torch.dtype, rows: torch.dtype = torch.float32):
+        """``model`` as it is for fp32 on fp32 ``rows`` (the gathered features' dtype); a
+        casting wrapper around it for fp32 on bf16 rows; else a wrapper around a copy whose
+        weights are converted to ``dtype``."""
+        if dtype == torch.float32:
+            return model if rows == torch.float32 else cls(model, dtype)
+        return cls(copy.deepcopy(model).to(dtype), dtype)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("module"), name)
+
+    def forward_all(self, x, adjs):
+        emb, logits = self.module.forward_all(x.to(self.dtype), adjs)
+        return (emb.float() if emb is not None else None), logits.float()
+
+    def forward(self, x, adjs):
+        return self.module(x.to(self.dtype), adjs).float()
+
+
+# ------------------------------------------------------------------------------ measurement
+
+
+def measure_precision(
+    sampler,
+    features: torch.Tensor,
+    model: nn.Module,
+    node_count: int,
+    batch_sizes=(32, 256),
+    repeats: int = 3,
+    seed: int = 0,
+    num_threads: int = 1,
+    margin: float = 0.05,
+    min_agreement: float = 0.99,
+) -> PrecisionChoice:
+    """Time the gather and the model in fp32 and bf16 on sampled batches; keep the faster.
+
+    For each of ``repeats`` batches of each size in ``batch_sizes`` (distinct random seeds),
+    one sample is drawn and, after a warm-up, both gathers (rows of an fp32 and a bf16 table)
+    and the model in each of the four (gather, model) pairings are timed once, alternating
+    which precision goes first. The pair of the smallest summed gather + model time wins,
+    except that bf16 is kept for a stage only when it cuts the measured total by more than
+    ``margin`` (so a CPU without bf16 units stays at fp32) and a bf16 model only when its
+    argmax agrees with fp32 on at least ``min_agreement`` of the seeds.
+
+    Args:
+        sampler: ``sample(seeds) -> (n_id, batch_size, adjs)`` (the server's sampler).
+        features: the stored ``[N, F]`` rows (fp32 or bf16, CPU); the other dtype is made
+            once by converting them (memory: one more table while this runs).
+        model: the fp32 model (``forward_all``), on the CPU.
+        node_count: nodes to draw seeds from.
+        batch_sizes: seeds per batch.
+        repeats: batches per size.
+        seed: RNG seed of the seeds.
+        num_threads: torch intra-op threads (the serving engine's ``torch_threads``).
+        margin: relative time bf16 must save to be chosen.
+        min_agreement: argmax agreement a bf16 model must reach.
+
+    Returns:
+        A :class:`PrecisionChoice` with this CPU's model name and the timings.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    tables = {
+        "fp32": features if features.dtype == torch.float32 else features.float(),
+        "bf16": features if features.dtype == torch.bfloat16 else features.to(torch.bfloat16),
+    }
+    note = ""
+    models = {"fp32": PrecisionModel.wrap(model, torch.float32, torch.bfloat16)}  # casts rows
+    try:
+        models["bf16"] = PrecisionModel.wrap(model, torch.bfloat16)
+    except Exception as e:  # a user model that cannot be converted
+        note = f"bf16 model unavailable: {type(e).__name__}: {e}"
+    rng = np.random.default_rng(seed)
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    gather_t = {p: 0.0 for p in DTYPES}
+    pair_t = {(g, m): 0.0 for g in DTYPES for m in models}  # model time per (gather, model)
+    agree = total = 0
+    max_diff = 0.0
+    try:
+        with torch.inference_mode():
+            batches = []
+            for b in batch_sizes:
+                for _ in range(repeats):
+                    seeds = rng.choice(node_count, size=min(int(b), node_count), replace=False)
+                    n_id, _, adjs = sampler.sample(torch.from_numpy(np.sort(seeds)))
+                    batches.append((n_id, adjs))
+            # warm-up: one-off costs (first-touch pages, oneDNN kernel creation)
+            n_id, adjs = batches[0]
+            for tab in tables.values():
+                for m, net in list(models.items()):
+                    try:
+                        net.forward_all(tab[n_id], adjs)
+                    except Exception as e:
+                        if m == "fp32":
+                            raise
+                        note = f"bf16 model failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+                        del models[m]
+                        for key in [k for k in pair_t if k[1] == m]:
+                            del pair_t[key]
+            for i, (n_id, adjs) in enumerate(batches):
+                order = list(DTYPES) if i % 2 == 0 else list(DTYPES)[::-1]
+                xs = {}
+                for g in order:
+                    t0 = time.perf_counter()
+                    xs[g] = tables[g][n_id]
+                    gather_t[g] += time.perf_counter() - t0
+                outs = {}
+                for m in [m for m in order if m in models]:
+                    for g in order:
+                        t0 = time.perf_counter()
+                        _, logits = models[m].forward_all(xs[g], adjs)
+                        pair_t[(g, m)] += time.perf_counter() - t0
+                        outs[(g, m)] = logits
+                if "bf16" in models:
+                    ref, low = outs[("fp32", "fp32")], outs[("bf16", "bf16")]
+                    agree += int((ref.argmax(1) == low.argmax(1)).sum())
+                    total += ref.shape[0]
+                    max_diff = max(max_diff, float((ref - low.float()).abs().max()))
+    finally:
+        torch.set_num_threads(prev_threads)
+    agreement = agree / total if total else None
+    if "bf16" in models and agreement is not None and agreement < min_agreement:
+        note = f"bf16 model argmax agreement {agreement:.4f} < {min_agreement}"
+        pair_t = {k: v for k, v in pair_t.items() if k[1] == "fp32"}
+
+    def cost(pair) -> float:
+        return gather_t[pair[0]] + pair_t[pair]
+
+    def pays(pair) -> bool:
+        # every bf16 stage must pay for itself: beat the same pair with that stage in fp32
+        for i, p in enumerate(pair):
+            if p == "bf16":
+                without = tuple("fp32" if j == i else q for j, q in enumerate(pair))
+                if not cost(pair) < (1 - margin) * cost(without):
+                    return False
+        return True
+
+    best = next((pair for pair in sorted(pair_t, key=cost) if pays(pair)), ("fp32", "fp32"))
+    g, m = best
+    return PrecisionChoice(
+        gather=g,
+        model=m,
+        cpu_model=cpu_model(),
+        model_id=model_id(model),
+        timings={
+            "gather": dict(gather_t),
+            "model": {mm: pair_t[(g, mm)] for mm in models if (g, mm) in pair_t},
+            "pairs": {f"{a}+{b}": cost((a, b)) for a, b in pair_t},
+        },
+        agreement=agreement,
+        max_abs_diff=max_diff if total else None,
+        batch_sizes=[int(b) for b in batch_sizes],
+        repeats=int(repeats),
+        torch_threads=int(num_threads),
+        note=note,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+
+
+# ------------------------------------------------------------------------------ manifest
+
+
+def write_precision(manifest_path, choice: PrecisionChoice) -> None:
+    """Store ``choice`` under ``"precision"`` in a manifest.json, atomically (temp + rename)."""
+    p = Path(manifest_path)
+    if p.is_dir():
+        p = p / "manifest.json"
+    manifest = json.loads(p.read_text()) if p.exists() else {}
+    manifest["precision"] = choice.to_json()
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, p)
+
+
+def read_precision(
+    manifest: dict, cpu: str | None = None, model: nn.Module | None = None
+) -> PrecisionChoice | None:
+    """The measured choice in ``manifest`` if it was measured on ``cpu`` (default: this
+    machine's :func:`cpu_model`) and, when ``model`` is given, for a model of the same
+    :func:`model_id`; else None (no answer for this CPU and model: measure again)."""
+    d = manifest.get("precision")
+    if not d:
+        return None
+    try:
+        choice = PrecisionChoice.from_json(d)
+    except (TypeError, ValueError):
+        return None
+    if choice.cpu_model != (cpu_model() if cpu is None else cpu):
+        return None
+    if model is not None and choice.model_id and choice.model_id != model_id(model):
+        return None
+    return choice
