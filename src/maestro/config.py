@@ -417,7 +417,12 @@ class TrainConfig:
     """Scheduler name (see ``maestro.schedule.SCHEDULERS``), or ``"package.module:function"``
     for a scheduler defined outside Maestro."""
     monolithic_micro_batch_size: int = 4
-    """Micro-batch size of the ``--monolithic`` baseline (whole model per rank)."""
+    """Micro-batch size of the ``--monolithic`` baseline (whole model per rank); the
+    smallest ``token_budget`` of any section also caps its micro-batches' tokens."""
+    monolithic_order: str = "data"
+    """Sample order of the ``--monolithic`` baseline: ``data`` (contiguous shards in data
+    order, as a ``DistributedSampler``) or ``balanced`` (a length-balanced sampler: shards of
+    equal estimated work, by the scheduler's cost model; the planner's tuned baseline)."""
     threads: int = 1
     """Intra-op torch threads per rank on CPU."""
     cost_profile: str | None = None
@@ -439,6 +444,10 @@ class TrainConfig:
         if self.monolithic_micro_batch_size < 1:
             raise ValueError(
                 f"monolithic_micro_batch_size must be >= 1, got {self.monolithic_micro_batch_size}"
+            )
+        if self.monolithic_order not in ("data", "balanced"):
+            raise ValueError(
+                f"monolithic_order must be 'data' or 'balanced', got {self.monolithic_order!r}"
             )
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")

@@ -137,6 +137,9 @@ class Job:
             of each epoch, e.g. length-grouped (``maestro.data.length_grouped_order``) with a
             fresh grouping per epoch; overrides ``shuffle``. Must be deterministic (the same
             on every rank: the ranks check it).
+        cost_model: a ``maestro.costmodel.CostModel`` the run's scheduler prices micro-batches
+            with (e.g. an analytical model of the real hardware), instead of the FLOP estimate
+            counted on the ``meta`` device; a config's ``cost_profile`` still wins.
     """
 
     def __init__(
@@ -150,6 +153,7 @@ class Job:
         sample_cost: Callable[[Sample], dict[str, float]] | None = None,
         shuffle: bool = True,
         order: Callable[[int], Sequence[int]] | None = None,
+        cost_model: Any = None,
     ) -> None:
         sections = list(sections)
         if not sections:
@@ -175,6 +179,7 @@ class Job:
         self._sample_cost = sample_cost or default_sample_cost
         self.shuffle = shuffle
         self._order = order
+        self.cost_model = cost_model
         self.config = None
         self._orders: dict[int, list[int]] = {}
 

@@ -63,6 +63,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "none); a torchrun restart always resumes",
     )
     p.add_argument(
+        "--emulate",
+        default=None,
+        metavar="SCENARIO",
+        help="emulated devices: run this layout with every compute a wait of the SCENARIO's "
+        "(kd | mllm | mllm-audio) GPU cost model; no model runs (maestro.emulate)",
+    )
+    p.add_argument("--emulate-gpu", default="H100", help="GPU preset of --emulate (H100, H200)")
+    p.add_argument(
+        "--emulate-time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="multiply every emulated wait by X (e.g. 0.1 for a quick check)",
+    )
+    p.add_argument(
         "--on-nonfinite",
         choices=["stop", "skip"],
         default="stop",
@@ -88,6 +103,25 @@ def run(args: argparse.Namespace) -> int:
         d = cfg.to_dict()
         d.update(over)
         cfg = C.from_dict(d)
+    if args.emulate is not None:
+        from maestro.emulate import NOTICE, emulated_config
+
+        cfg = emulated_config(
+            cfg,
+            args.emulate,
+            monolithic=args.monolithic,
+            world=args.nproc,
+            gpu=args.emulate_gpu,
+            time_scale=args.emulate_time_scale,
+        )
+        if not args.quiet:
+            print(NOTICE.format(gpu=args.emulate_gpu, scenario=args.emulate), flush=True)
+    elif args.monolithic and any(sc.tp > 1 or sc.fsdp > 1 for sc in cfg.sections.values()):
+        print(
+            "maestro train: note: --monolithic runs plain replicas; the sections' tp and fsdp "
+            "are priced only under --emulate",
+            file=sys.stderr,
+        )
     opts = RunOptions(
         monolithic=args.monolithic,
         trace=args.trace,
@@ -108,8 +142,43 @@ def run(args: argparse.Namespace) -> int:
             cfg.check_world_size(world)
         worker_main(cfg, opts)
         return 0
-    launch(cfg, args.nproc, opts)
+    result = launch(cfg, args.nproc, opts)
+    if args.emulate is not None:
+        _report_emulation(cfg, args, result)
     return 0
+
+
+def _report_emulation(cfg, args, result: dict) -> None:
+    """Print (and add to ``--result``) the measured step against the simulator's replay of
+    the same schedule."""
+    import json
+    from pathlib import Path
+
+    from maestro.emulate import NOTICE
+    from maestro.emulate.predict import predict
+
+    steps = result["measured_steps"]
+    measured = result["elapsed_s"] / max(steps, 1) / args.emulate_time_scale
+    pred = predict(cfg, monolithic=args.monolithic, world=result["world_size"], steps=steps)
+    result["emulation"] = {
+        "notice": NOTICE.format(gpu=args.emulate_gpu, scenario=args.emulate),
+        "scenario": args.emulate,
+        "gpu": args.emulate_gpu,
+        "time_scale": args.emulate_time_scale,
+        "measured_step_s": measured,
+        "simulated_window_step_s": pred.window,
+        "simulated_period_s": pred.period,
+        "error": measured / pred.window - 1.0 if pred.window > 0 else None,
+    }
+    if args.result is not None:
+        Path(args.result).write_text(json.dumps(result))
+    if not args.quiet:
+        print(
+            f"emulated step {measured:.3f} s vs simulated {pred.window:.3f} s over the same "
+            f"{pred.steps} steps from idle ({measured / pred.window - 1:+.1%}; steady-state "
+            f"period {pred.period:.3f} s); {args.emulate_gpu} time, emulated",
+            flush=True,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -519,33 +519,12 @@ def _simulate(
 def _balanced_order(
     p: _Problem, samples, world: int, cm: CostModel, units=None
 ) -> list[SampleInfo]:
-    """Samples reordered so each of ``world`` contiguous equal-count shards carries about the
-    same estimated work (longest first to the least-loaded rank with room): a length-balanced
-    sampler, so the baseline's ranks do not wait on the one holding the longest sequences."""
+    """``schedule.monolithic.balanced_order`` over the problem's sections (or ``units``)."""
+    from maestro.schedule.monolithic import balanced_order
+
     if units is None:
         units = [(n, p.sections[n].frozen) for n in p.order]
-    n = len(samples)
-    room = [((r + 1) * n) // world - (r * n) // world for r in range(world)]
-
-    def cost(s: SampleInfo) -> float:
-        f = micro_batch_features([s.cost])
-        t = 0.0
-        for name, frozen in units:
-            if name in s.sections:
-                t += cm.forward_time(name, f)
-                if not frozen:
-                    t += cm.backward_time(name, f)
-        return t
-
-    heap = [(0.0, r) for r in range(world) if room[r] > 0]
-    heapq.heapify(heap)
-    bins: list[list[SampleInfo]] = [[] for _ in range(world)]
-    for c, s in sorted(((cost(s), s) for s in samples), key=lambda x: -x[0]):
-        load, r = heapq.heappop(heap)
-        bins[r].append(s)
-        if len(bins[r]) < room[r]:
-            heapq.heappush(heap, (load + c, r))
-    return [s for b in bins for s in b]
+    return balanced_order(samples, world, cm, units)
 
 
 def _better(gpus: int, step: float, best: Plan, objective: str) -> bool:

@@ -200,7 +200,7 @@ def _table(name: str, d: dict) -> list[str]:
     return lines
 
 
-def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0) -> str:
+def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str = "balanced") -> str:
     """The plan as TOML.
 
     For a run config: the same config with each section's ``dp``, ``fsdp``, ``tp``,
@@ -209,7 +209,8 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0) -> str:
     --monolithic --nproc DP``); it loads with ``maestro.config.load``. For a scenario: the
     Hugging Face job of the scenario's shape with the planned layout
     (``scenario_run_config``; ``scale_down = K``: a copy shrunk to run here); ``read_plan``
-    reads the layout back.
+    reads the layout back. ``order``: a monolithic plan's ``monolithic_order`` (``balanced``:
+    the tuned baseline's length-balanced sampler; ``data``: the conventional one's).
 
     A run config can only hold what ``maestro.runtime`` runs: disjoint sections, or the
     whole model on every rank (plan it with ``SearchOptions(colocate=False)``).
@@ -221,7 +222,7 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0) -> str:
         "million samples",
     ]
     if wl.config is None:
-        return scenario_run_config(wl, plan, head, scale_down)
+        return scenario_run_config(wl, plan, head, scale_down, order)
     if scale_down:
         raise ValueError("--scale-down is for scenarios; a run config is planned as it is")
     d = wl.config.to_dict()
@@ -235,6 +236,7 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0) -> str:
     if plan.monolithic:
         sp = next(iter(plan.sections.values()))
         d["monolithic_micro_batch_size"] = sp.micro_batch_size
+        d["monolithic_order"] = order
         head.append(f"# run: maestro train THIS.toml --monolithic --nproc {sp.dp}")
     else:
         for n, sp in plan.sections.items():
@@ -281,14 +283,20 @@ def shrink_layout(
     }
 
 
-def scenario_run_config(wl: Workload, plan: Plan, head: list[str], scale_down: int = 0) -> str:
+def scenario_run_config(
+    wl: Workload, plan: Plan, head: list[str], scale_down: int = 0, order: str = "balanced"
+) -> str:
     """A scenario's plan as a run config ``maestro train`` runs: the Hugging Face job of the
     scenario's shape (``maestro.hf.scenarios``) with the planned layout.
 
     ``scale_down = 0``: the real shapes, the planned layout on the planned GPUs, bf16.
     ``scale_down = K``: widths and lengths ``/ K`` (``hf.scenarios.scaled``), the layout shrunk
     to at most ``RUN_HERE_RANKS`` ranks (``shrink_layout``), a small batch, float32: it
-    trains on this machine in well under a minute.
+    trains on this machine in well under a minute. A monolithic plan keeps its ``tp`` and
+    ``fsdp`` in the sections at full scale (``maestro train --monolithic`` runs plain
+    replicas; under ``--emulate`` each replica stands for ``tp`` GPUs priced with them) and
+    ``order`` as its
+    ``monolithic_order``.
     """
     from maestro.hf.scenarios import scaled, scenario_job
 
@@ -338,12 +346,13 @@ def scenario_run_config(wl: Workload, plan: Plan, head: list[str], scale_down: i
     if plan.monolithic:
         sp = next(iter(secs.values()))
         d["monolithic_micro_batch_size"] = min(sp.micro_batch_size, batch)
+        d["monolithic_order"] = order
         world = sp.data_parallel
         head.append(f"# run: maestro train THIS.toml --monolithic --nproc {world}")
         if sp.tp > 1 or sp.fsdp > 1:
             head.append(
-                f"# (the plan's tp={sp.tp} fsdp={sp.fsdp} are the analytical baseline's; "
-                "maestro train --monolithic runs plain replicas)"
+                f"# (the plan's tp={sp.tp} fsdp={sp.fsdp} are the analytical baseline's: "
+                "maestro train --monolithic runs plain replicas; --emulate prices them)"
             )
     else:
         head.append(f"# run: maestro train THIS.toml --nproc {ranks}")
@@ -352,7 +361,9 @@ def scenario_run_config(wl: Workload, plan: Plan, head: list[str], scale_down: i
     frozen = {s.name: s.frozen for s in wl.sections}
     for n, sp in secs.items():
         t = {}
-        if not plan.monolithic:
+        if plan.monolithic and not scale_down:  # what --emulate prices; a real run ignores
+            t = {"fsdp": sp.fsdp, "tp": sp.tp, "recompute": sp.recompute and not frozen[n]}
+        elif not plan.monolithic:
             t = {
                 "dp": sp.dp,
                 "fsdp": sp.fsdp,

@@ -7,7 +7,8 @@ therefore uses, in order of preference:
 
 1. ``MeasuredCostModel`` from the profile file the config names (``cost_profile``), e.g. one
    fitted from a real run by ``maestro profile CONFIG --from-run``;
-2. ``FlopCostModel``: FLOPs of every section counted on the ``meta`` device (no weights, no
+2. the job's own model (``Job(cost_model=)``), e.g. analytical for known hardware;
+3. ``FlopCostModel``: FLOPs of every section counted on the ``meta`` device (no weights, no
    compute) for a few micro-batches of the first global batch, fitted linearly in the
    micro-batch features. Deterministic, so every rank schedules identically, and it sees
    padding inside a micro-batch because it runs the sections' real forward code.
@@ -173,10 +174,14 @@ def _fit_through_origin(rows: list[tuple[dict, float]]) -> LinearFit:
 
 
 def runtime_cost_model(config, workload=None) -> CostModel:
-    """The cost model a run's scheduler gets: the config's profile, else a FLOP estimate."""
+    """The cost model a run's scheduler gets: the config's profile, else the job's own
+    (``Job(cost_model=)``), else a FLOP estimate."""
     profile = getattr(config, "cost_profile", None)
     if profile:
         return MeasuredCostModel.from_profile(profile)
+    own = getattr(workload, "cost_model", None)
+    if own is not None:
+        return own
     return flop_cost_model(config, workload)
 
 

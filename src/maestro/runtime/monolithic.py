@@ -1,10 +1,14 @@
 """The ``--monolithic`` baseline: the whole compound model on every rank, data parallel.
 
 What users run today: every rank holds teacher and student (or encoders and LLM), takes a
-contiguous shard of the global batch in micro-batches of one size, runs the full model per
-micro-batch (frozen parts under ``no_grad``) and accumulates gradients; one fused SUM
-all-reduce over all ranks per step (what DDP does under ``no_sync`` accumulation, without
-its averaging, so the loss normalisation is the same as Maestro's and the reference's).
+contiguous shard of the global batch in micro-batches of one size (and at most the smallest
+section ``token_budget`` of tokens), runs the full model per micro-batch (frozen parts under
+``no_grad``) and accumulates gradients; one fused SUM all-reduce over all ranks per step
+(what DDP does under ``no_sync`` accumulation, without its averaging, so the loss
+normalisation is the same as Maestro's and the reference's). The shards follow data order,
+or, with ``monolithic_order = "balanced"``, a length-balanced sampler's order (equal
+estimated work per rank): the planner's tuned baseline. The micro-batches are exactly the
+simulator's ``monolithic_schedule``.
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ from maestro.runtime.local import (
     set_lr,
 )
 from maestro.runtime.trace import Tracer
-from maestro.schedule.fifo import fifo_schedule
-from maestro.schedule.types import SampleInfo, SectionSpec
+from maestro.schedule.monolithic import (
+    balanced_order,
+    monolithic_schedule,
+    whole_micro_batches,
+)
 
 
 class MonolithicWorker:
@@ -53,9 +60,12 @@ class MonolithicWorker:
         self.params = [
             p for s in self.graph if not s.frozen for p in s.module.parameters() if p.requires_grad
         ]
-        self.spec = SectionSpec(
-            "model", dp=world, micro_batch_size=config.monolithic_micro_batch_size
-        )
+        self.specs = config.section_specs()
+        self.cost_model = None
+        if config.monolithic_order == "balanced":
+            from maestro.runtime.costs import runtime_cost_model
+
+            self.cost_model = runtime_cost_model(config, self.workload)
         self.label = f"model[{rank}]"
         self.on_nonfinite = "stop"
         self.last_ids: list[int] = []
@@ -71,18 +81,28 @@ class MonolithicWorker:
             if not self._batch_checked:
                 check_same_batch(batch_fingerprint(batch), step)
                 self._batch_checked = True
-            infos = [SampleInfo(s["id"], frozenset({"model"})) for s in batch]
-            mine = fifo_schedule(infos, [self.spec]).order["model"][self.rank]
+            infos = self.workload.sample_infos(batch, self.graph)
+            if self.cost_model is not None:
+                units = [(s.name, s.frozen) for s in self.specs]
+                infos = balanced_order(infos, self.world, self.cost_model, units)
+            sched = monolithic_schedule(
+                infos,
+                self.specs,
+                world_size=self.world,
+                micro_batch_size=self.config.monolithic_micro_batch_size,
+            )
+            mine = whole_micro_batches(sched, self.rank)
         norm = self.workload.normaliser(batch)
         for o in self.optimizers.values():
             o.zero_grad(set_to_none=True)
         total = 0.0
-        self.last_ids = [sid for mb in mine for sid in mb.sample_ids]
+        self.last_ids = [sid for mb in mine for sid in mb]
         self.last_skipped = False
-        for k, mb in enumerate(mine):
-            with self.tracer.span("model fwd", "forward", mb=k, samples=len(mb.sample_ids)):
-                loss = compound_loss(self.graph, [batch[i] for i in mb.sample_ids]) / norm
-                for sid in mb.sample_ids:
+        by_id = {s["id"]: s for s in batch}
+        for k, ids in enumerate(mine):
+            with self.tracer.span("model fwd", "forward", mb=k, samples=len(ids)):
+                loss = compound_loss(self.graph, [by_id[i] for i in ids]) / norm
+                for sid in ids:
                     f = poison_factor(step, sid)
                     if f is not None:
                         loss = loss * f

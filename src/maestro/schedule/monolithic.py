@@ -8,8 +8,10 @@ micro-batch must fit every component's memory at once.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
+from maestro.costmodel import micro_batch_features
 from maestro.schedule.graph import check_sections
 from maestro.schedule.types import MicroBatch, SampleInfo, Schedule, SectionSpec
 
@@ -71,3 +73,54 @@ def monolithic_schedule(
                 ]
             )
     return Schedule(order=order, name="monolithic", colocated=True)
+
+
+def balanced_order(
+    samples: Sequence[SampleInfo],
+    world: int,
+    cost_model,
+    units: Sequence[tuple[str, bool]],
+) -> list[SampleInfo]:
+    """Samples reordered so each of ``world`` contiguous equal-count shards carries about the
+    same estimated work: a length-balanced sampler, so the baseline's ranks do not wait on
+    the one holding the longest sequences.
+
+    Greedy, longest first to the least-loaded rank with room; a sample's work is the forward
+    (and, for a trainable unit, backward) time of each ``(section, frozen)`` unit it
+    activates, alone, on ``cost_model``. Deterministic (ties keep data order).
+    """
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    n = len(samples)
+    room = [((r + 1) * n) // world - (r * n) // world for r in range(world)]
+
+    def cost(s: SampleInfo) -> float:
+        f = micro_batch_features([s.cost])
+        t = 0.0
+        for name, frozen in units:
+            if name in s.sections:
+                t += cost_model.forward_time(name, f)
+                if not frozen:
+                    t += cost_model.backward_time(name, f)
+        return t
+
+    heap = [(0.0, r) for r in range(world) if room[r] > 0]
+    heapq.heapify(heap)
+    bins: list[list[SampleInfo]] = [[] for _ in range(world)]
+    for c, s in sorted(((cost(s), s) for s in samples), key=lambda x: -x[0]):
+        load, r = heapq.heappop(heap)
+        bins[r].append(s)
+        if len(bins[r]) < room[r]:
+            heapq.heappush(heap, (load + c, r))
+    return [s for b in bins for s in b]
+
+
+def whole_micro_batches(schedule: Schedule, rank: int) -> list[tuple[int, ...]]:
+    """Rank ``rank``'s whole-model micro-batches of a ``monolithic_schedule``: the sample ids
+    of each, in order (the union of every section's part)."""
+    parts = [schedule.order[n][rank] for n in schedule.order]
+    out = []
+    for i in range(max((len(p) for p in parts), default=0)):
+        ids = dict.fromkeys(sid for p in parts if i < len(p) for sid in p[i].sample_ids)
+        out.append(tuple(sorted(ids)))
+    return out
