@@ -131,6 +131,8 @@ def test_target_throughput_and_breakdown(capsys):
         (["kd", "--out", "/nonexistent/dir/p.toml"], "does not exist"),
         # the 35B teacher and the 7B student with its optimizer state exceed one 80 GB GPU
         (["kd", "--gpus", "1"], "fits"),
+        (["kd", "--gpus", "4", "--plot", "x.png", "--plot-gpus", "4,x"], "--plot-gpus"),
+        ([str(EXAMPLES / "kd.toml"), "--plot", "x.png"], "--plot sweeps a scenario"),
     ],
 )
 def test_bad_input_is_one_line(capsys, args, message):
@@ -170,3 +172,16 @@ def test_scenario_report_prints_both_baselines_side_by_side(kd16):
     # a run config's tuned search is data order already: one baseline, no second row
     run = compare(kd16, 16, SearchOptions(simulate_top=1, balance_monolithic=False), match=False)
     assert run.conventional is None and "conventional" not in format_comparison("kd", 16, run)
+
+
+def test_plot_sweeps_the_budget_for_all_three_plans(tmp_path, capsys):
+    png = tmp_path / "kd.png"
+    args = ["plan", "kd", "--gpus", "4", "--simulate-top", "1", "--plot", str(png)]
+    assert main(args + ["--plot-gpus", "4,8"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("4 ", "8 "))]
+    assert [r[0] for r in rows] == ["4", "8"]
+    for r in rows:  # maestro never worse than the tuned baseline, tuned never worse than (a)
+        maestro, tuned, conv = map(float, r[1:4])
+        assert maestro <= tuned + 1e-6 and tuned <= conv + 1e-6
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -68,6 +68,18 @@ def register(sub) -> None:
         "worth; maestro train cannot run such plans yet, so --out refuses them)",
     )
     p.add_argument(
+        "--plot",
+        default=None,
+        metavar="OUT.png",
+        help="scenarios: plan every budget of --plot-gpus and draw GPU-hours per million "
+        "samples for Maestro, the tuned (b) and the conventional (a) baseline",
+    )
+    p.add_argument(
+        "--plot-gpus",
+        default="64,128,256,512,1024",
+        help="GPU budgets of --plot (default 64,128,256,512,1024)",
+    )
+    p.add_argument(
         "--breakdown",
         action="store_true",
         help="re-plan with each per-section freedom off; print what each is worth",
@@ -130,6 +142,23 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nbreakdown: GPU-h/M samples added when one freedom is off (full plan {full:.2f})")
         for label, extra in b.items():
             print(f"  {label:<54}{extra:>+9.2f}")
+    if args.plot is not None:
+        from maestro.plan.plot import budget_sweep, format_sweep, plot_sweep
+
+        if run:
+            raise ValueError("--plot sweeps a scenario's GPU budget; CONFIG is a run config")
+        try:
+            budgets = [int(x) for x in args.plot_gpus.split(",")]
+        except ValueError:
+            raise ValueError(
+                f"--plot-gpus: expected comma-separated integers, got {args.plot_gpus!r}"
+            ) from None
+        if not budgets or min(budgets) < 1:
+            raise ValueError(f"--plot-gpus: budgets must be >= 1, got {args.plot_gpus!r}")
+        pts = budget_sweep(args.config, budgets, opts)
+        print("\n" + format_sweep(pts))
+        plot_sweep(pts, wl.label, args.plot)
+        print(f"plot: {args.plot}")
     if args.out is not None:
         plan = c.monolithic if args.monolithic else c.maestro
         if wl.config is not None and args.profile is not None and not plan.monolithic:
