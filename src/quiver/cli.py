@@ -16,6 +16,7 @@ from quiver import __version__
 COMMAND_MODULES = [
     "quiver.commands.info",
     "quiver.commands.prepare",
+    "quiver.commands.partition",
     "quiver.commands.calibrate",
     "quiver.commands.train_model",
     "quiver.commands.serve",

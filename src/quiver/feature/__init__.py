@@ -2,12 +2,19 @@
 placement policies (FAP, degree, random) and a multi-threaded CPU gather."""
 
 from quiver.feature.cliques import detect_cliques
+from quiver.feature.dist import DistFeature
+from quiver.feature.partition import Partition, Router, load_partition, make_partition
 from quiver.feature.placement import PLACEMENTS, hot_order
 from quiver.feature.sizes import parse_bytes
 from quiver.feature.store import CACHE_POLICIES, DeviceConfig, Feature
 
 __all__ = [
     "Feature",
+    "DistFeature",
+    "Partition",
+    "Router",
+    "load_partition",
+    "make_partition",
     "DeviceConfig",
     "CACHE_POLICIES",
     "PLACEMENTS",

@@ -1,0 +1,200 @@
+"""``DistFeature``: feature rows partitioned across hosts, gathered over torch.distributed.
+
+Each host process holds its own rows (owned + replicated, :mod:`quiver.feature.partition`)
+in a local :class:`quiver.Feature` (its tiers) and a map ``owner[v]`` of every row's owner.
+``dist_feature[n_id]`` returns exactly ``x[n_id]``: the local rows are read from the local
+store, the others are fetched from their owners in **one batched exchange**: an
+``all_to_all`` of request counts, one of the requested ids (deduplicated) and one of the
+rows (sent as raw bytes, so float32 and bfloat16 rows travel alike). Like torch-quiver's
+``quiver.DistFeature``, a gather is a *collective*: every process of the group calls it once
+per step (a process with nothing to read passes an empty ``n_id``), so each one also answers
+the others' requests. gloo on CPU; the same calls run on NCCL with CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+__all__ = ["DistFeature"]
+
+
+class DistFeature:
+    """A host's shard of a row-partitioned feature matrix.
+
+    Args:
+        local: the host's rows, in ``local_ids`` order: a ``[L, F]`` tensor, or a loaded
+            :class:`quiver.Feature` over those ``L`` rows.
+        local_ids: ``[L]`` sorted distinct global ids of those rows (owned + replicated).
+        owner: ``[N]`` owner host of every row (every row this host owns must be local).
+        group: the ``torch.distributed`` process group (default: the world); its rank is the
+            host id.
+    """
+
+    def __init__(self, local, local_ids, owner, group=None):
+        import torch.distributed as dist
+
+        from quiver.feature.store import Feature
+
+        if not dist.is_available() or not dist.is_initialized():
+            raise ValueError("DistFeature needs torch.distributed initialised (init_process_group)")
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        owner = torch.as_tensor(owner).to(torch.int64).cpu()
+        local_ids = torch.as_tensor(local_ids, dtype=torch.int64).cpu()
+        n = owner.numel()
+        if owner.ndim != 1 or local_ids.ndim != 1:
+            raise ValueError("owner and local_ids must be 1-D")
+        if n and (int(owner.min()) < 0 or int(owner.max()) >= self.world_size):
+            raise ValueError(f"owner holds host ids outside [0, {self.world_size})")
+        if local_ids.numel() and (
+            int(local_ids.min()) < 0
+            or int(local_ids.max()) >= n
+            or bool((local_ids[1:] <= local_ids[:-1]).any())
+        ):
+            raise ValueError(f"local_ids must be sorted distinct ids in [0, {n})")
+        g2l = torch.full((n,), -1, dtype=torch.int64)
+        g2l[local_ids] = torch.arange(local_ids.numel())
+        missing = int(((owner == self.rank) & (g2l < 0)).sum())
+        if missing:
+            raise ValueError(f"host {self.rank} owns {missing} rows that are not in local_ids")
+        if isinstance(local, torch.Tensor):
+            if local.ndim != 2 or local.shape[0] != local_ids.numel():
+                raise ValueError(
+                    f"local rows have shape {list(local.shape)}, expected [{local_ids.numel()}, F]"
+                )
+            local = Feature(recycle_outputs=False).from_cpu_tensor(local.contiguous())
+        elif not isinstance(local, Feature):
+            raise ValueError(f"local must be a tensor or a quiver.Feature, got {type(local)}")
+        if local.shape[0] != local_ids.numel():
+            raise ValueError(
+                f"local store has {local.shape[0]} rows, local_ids {local_ids.numel()}"
+            )
+        self.local = local
+        self.local_ids = local_ids
+        self.owner = owner
+        self._g2l = g2l
+        self._dim = int(local.shape[1])
+        self._dtype = local.dtype
+        self.reset_stats()
+
+    @classmethod
+    def from_prepared(cls, directory, group=None, **feature_kwargs) -> DistFeature:
+        """This process's shard of a partitioned prepared directory (``quiver partition``):
+        its owned + replicated rows read from the memory-mapped features into a local
+        :class:`quiver.Feature` (``feature_kwargs`` go to its constructor)."""
+        import torch.distributed as dist
+
+        from quiver.datasets import load_prepared
+        from quiver.feature.partition import load_partition
+        from quiver.feature.store import Feature
+
+        part = load_partition(directory)
+        if part is None:
+            raise ValueError(f"{directory} has no partition (run `quiver partition` first)")
+        world = dist.get_world_size(group)
+        if world != part.hosts:
+            raise ValueError(
+                f"{directory} is partitioned for {part.hosts} hosts, group has {world}"
+            )
+        ids = part.local_ids(dist.get_rank(group))
+        x = load_prepared(directory).features
+        rows = x[torch.from_numpy(ids)].contiguous()
+        local = Feature(**feature_kwargs).from_cpu_tensor(rows)
+        return cls(local, ids, part.owner, group)
+
+    # ------------------------------------------------------------------------------ gather
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size([self.owner.numel(), self._dim])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    def reset_stats(self) -> None:
+        self._stats = {"local_rows": 0, "remote_rows": 0, "served_rows": 0, "exchange_s": 0.0}
+        self._stats["gathers"] = 0
+
+    def stats(self) -> dict:
+        """Rows read locally / fetched from other hosts (after deduplication) / served to
+        them, seconds spent in the exchange, gathers."""
+        return dict(self._stats)
+
+    def __getitem__(self, n_id) -> torch.Tensor:
+        return self.gather(n_id)
+
+    def _rows_bytes(self, rows: torch.Tensor) -> torch.Tensor:
+        return rows.contiguous().view(torch.uint8).reshape(rows.shape[0], -1)
+
+    def gather(self, n_id) -> torch.Tensor:
+        """``x[n_id]`` (a collective: every host of the group calls it once per step)."""
+
+        n_id = torch.as_tensor(n_id, dtype=torch.int64).cpu().reshape(-1)
+        n = self.owner.numel()
+        if n_id.numel() and (int(n_id.min()) < 0 or int(n_id.max()) >= n):
+            # still take part in the exchange, so the other hosts do not hang
+            self._exchange(torch.zeros(0, dtype=torch.int64))
+            raise ValueError(f"node ids must lie in [0, {n})")
+        out = torch.empty((n_id.numel(), self._dim), dtype=self._dtype)
+        pos = self._g2l[n_id]
+        is_local = pos >= 0
+        if bool(is_local.all()):
+            if n_id.numel():
+                out[:] = self.local[pos]
+            self._stats["local_rows"] += n_id.numel()
+            self._exchange(torch.zeros(0, dtype=torch.int64))
+            return out
+        loc = torch.nonzero(is_local).reshape(-1)
+        rem = torch.nonzero(~is_local).reshape(-1)
+        if loc.numel():
+            out[loc] = self.local[pos[loc]]
+        uniq, inverse = torch.unique(n_id[rem], return_inverse=True)
+        fetched = self._exchange(uniq)
+        out[rem] = fetched[inverse]
+        self._stats["local_rows"] += loc.numel()
+        self._stats["remote_rows"] += uniq.numel()
+        return out
+
+    def _exchange(self, want: torch.Tensor) -> torch.Tensor:
+        """Fetch the rows of the distinct remote ids ``want`` from their owners while
+        answering the other hosts' requests: three ``all_to_all``\\s (counts, ids, rows)."""
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        k = self.world_size
+        dest = self.owner[want]
+        order = torch.argsort(dest, stable=True)
+        send_ids = want[order]
+        send_counts = torch.bincount(dest, minlength=k).to(torch.int64)
+        recv_counts = torch.empty(k, dtype=torch.int64)
+        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        sc, rc = send_counts.tolist(), recv_counts.tolist()
+        recv_ids = torch.empty(sum(rc), dtype=torch.int64)
+        dist.all_to_all_single(recv_ids, send_ids, rc, sc, group=self.group)
+        # answer: rows the others asked for, all owned (hence local) here
+        row_bytes = self._dim * self._dtype.itemsize
+        if recv_ids.numel():
+            if bool((self.owner[recv_ids] != self.rank).any()):
+                raise RuntimeError(f"host {self.rank} was asked for rows it does not own")
+            answer = self._rows_bytes(self.local[self._g2l[recv_ids]])
+        else:
+            answer = torch.empty((0, row_bytes), dtype=torch.uint8)
+        got = torch.empty((send_ids.numel(), row_bytes), dtype=torch.uint8)
+        dist.all_to_all_single(got, answer, sc, rc, group=self.group)
+        rows = torch.empty((want.numel(), self._dim), dtype=self._dtype)
+        if want.numel():
+            rows[order] = got.view(self._dtype).reshape(-1, self._dim)
+        self._stats["served_rows"] += recv_ids.numel()
+        self._stats["exchange_s"] += time.perf_counter() - t0
+        self._stats["gathers"] += 1
+        return rows
+
+    def __repr__(self) -> str:
+        return (
+            f"DistFeature(host={self.rank}/{self.world_size}, rows={self.owner.numel()}, "
+            f"local={self.local_ids.numel()}, dim={self._dim}, dtype={self._dtype})"
+        )
