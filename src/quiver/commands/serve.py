@@ -133,14 +133,12 @@ def parse_fanouts(text: str | None):
     return fanouts
 
 
-def server_from_args(args):
-    """A ``quiver.Server`` (not started) from DATASET_DIR, --checkpoint and the serve options."""
-    from quiver.serving.server import Server
-
-    return Server.from_dataset(
-        args.dataset_dir,
-        args.checkpoint,
-        serve_config(args),
+def server_kwargs(args) -> dict:
+    """``Server.from_dataset`` keyword arguments from DATASET_DIR, --checkpoint and the options."""
+    return dict(
+        dataset_dir=args.dataset_dir,
+        checkpoint=args.checkpoint,
+        cfg=serve_config(args),
         fanouts=parse_fanouts(args.fanouts),
         model=args.model,
         trust_pickle=args.trust_pickle,
@@ -151,6 +149,13 @@ def server_from_args(args):
         gpu_cache=args.gpu_cache,
         precision=args.precision,
     )
+
+
+def server_from_args(args):
+    """A ``quiver.Server`` (not started) from DATASET_DIR, --checkpoint and the serve options."""
+    from quiver.serving.server import Server
+
+    return Server.from_dataset(**server_kwargs(args))
 
 
 def _port(text: str) -> int:
@@ -201,13 +206,72 @@ def register(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="interface (127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="TCP port (8000)")
     add_serve_options(p)
+    add_replica_options(p)
     p.set_defaults(func=run)
+
+
+def add_replica_options(p) -> None:
+    """``--replicas`` and its companions: engine replicas on Ray Serve (needs ``[scale]``)."""
+    g = p.add_argument_group(
+        "replicas (Ray Serve; pip install 'maestro-quiver[scale]')",
+        "Run N engine replicas as a Ray Serve deployment behind Ray's HTTP proxy on "
+        "--host/--port; each replica has the serve options above (validation, 429 admission).",
+    )
+    g.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="engine replicas on Ray Serve (default: one process, no Ray); with "
+        "--min/--max-replicas the autoscaler's initial count",
+    )
+    g.add_argument("--min-replicas", type=int, default=None, help="autoscaling lower bound")
+    g.add_argument("--max-replicas", type=int, default=None, help="autoscaling upper bound")
+    g.add_argument(
+        "--target-ongoing-requests",
+        type=float,
+        default=16.0,
+        help="autoscaling target: ongoing requests per replica (16)",
+    )
+    g.add_argument(
+        "--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves per replica (1)"
+    )
+    g.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="join this running Ray cluster (e.g. 10.0.0.1:6379, or auto) instead of starting "
+        "a local one",
+    )
+
+
+def replica_config(args):
+    """A ``ReplicaConfig`` from the replica options; None when the server runs in one process."""
+    scaled = (args.min_replicas, args.max_replicas, args.ray_address)
+    if args.replicas is None and all(v is None for v in scaled):
+        return None
+    from quiver.serving.replicas import ReplicaConfig
+
+    n = args.replicas
+    if n is None:  # bounds alone: start at the lower bound
+        n = max(1, args.min_replicas or 1)
+    return ReplicaConfig(
+        num_replicas=n,
+        min_replicas=args.min_replicas,
+        max_replicas=args.max_replicas,
+        target_ongoing_requests=args.target_ongoing_requests,
+        num_cpus=args.replica_cpus,
+        ray_address=args.ray_address,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    replicas = replica_config(args)
+    if replicas is not None:
+        return run_replicated(args, replicas)
     check_listen(args.host, args.port)
     server = server_from_args(args)
     stop = threading.Event()
@@ -228,5 +292,39 @@ def run(args: argparse.Namespace) -> int:
     stop.wait()
     print("quiver serve: draining in-flight requests...", flush=True)
     server.stop()
+    print("quiver serve: stopped", flush=True)
+    return 0
+
+
+def run_replicated(args: argparse.Namespace, replicas) -> int:
+    """``quiver serve --replicas N``: deploy on Ray Serve, wait for a signal, tear down."""
+    import signal
+    import threading
+    from pathlib import Path
+
+    from quiver.serving.replicas import import_serve, run_replicas, stop_replicas
+
+    import_serve()  # a one-line error before any work when Ray is missing
+    kwargs = server_kwargs(args)
+    # replicas run in Ray's worker processes, whose working directory is not ours
+    for key in ("dataset_dir", "checkpoint"):
+        kwargs[key] = str(Path(kwargs[key]).resolve())
+    if replicas.ray_address is None:
+        check_listen(args.host, args.port)
+    lo, hi = replicas.bounds
+    scale = f", autoscaling {lo}-{hi}" if replicas.autoscaling else ""
+    print(f"quiver serve: {replicas.num_replicas} replicas on Ray Serve{scale}", flush=True)
+    url = run_replicas(kwargs, replicas, kwargs["cfg"].queue_capacity, args.host, args.port)
+    stop = threading.Event()  # handlers set after ray.init, so they stay ours
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(
+        f"listening on {url}  (Ray Serve proxy: POST /v1/predict, GET /healthz per replica, "
+        "GET /metrics of all replicas)",
+        flush=True,
+    )
+    stop.wait()
+    print("quiver serve: stopping the replicas...", flush=True)
+    stop_replicas(shutdown_ray=replicas.ray_address is None)
     print("quiver serve: stopped", flush=True)
     return 0
