@@ -108,6 +108,14 @@ class SectionConfig:
     recompute: bool = False
     """Activation checkpointing per transformer block (``torch.utils.checkpoint``): keep only
     block inputs and recompute the block's forward in the backward. Trainable sections only."""
+    group: str | None = None
+    """Colocated group: sections naming the same group share its ranks (one ``dp`` x ``fsdp``
+    x ``tp`` grid, which every member must state alike) instead of owning disjoint ones. A
+    replica of the group holds every member and runs them one after another on the same
+    samples, each on its own micro-batches (``micro_batch_size``, ``token_budget``), with
+    outputs passed in memory; each member keeps its own optimizer, ``lr`` and ``frozen``.
+    ``None``: the section is disaggregated (its own ranks). Any name works; ``maestro plan``
+    writes the members joined by ``+``."""
 
     @property
     def data_parallel(self) -> int:
@@ -207,6 +215,8 @@ class SectionConfig:
             raise ValueError(f"{where}.zero: a frozen section has no optimizer state")
         if self.recompute and self.frozen:
             raise ValueError(f"{where}.recompute: a frozen section keeps no activations")
+        if self.group is not None and (not isinstance(self.group, str) or not self.group):
+            raise ValueError(f"{where}.group must be a non-empty string, got {self.group!r}")
 
 
 def _check_optimizer_name(name: str, where: str) -> None:
@@ -495,6 +505,101 @@ class TrainConfig:
                         f"sections.{name}.frozen: a frozen section cannot read trainable "
                         f"section {p!r} (no gradient would reach it)"
                     )
+        self._validate_groups()
+
+    def _validate_groups(self) -> None:
+        """Colocated groups: one shared grid per group, and a merged graph without a cycle."""
+        edges = self.section_inputs()
+        order = topological_order(edges)
+        groups: dict[str, list[str]] = {}
+        for n in order:
+            g = self.sections[n].group
+            if g is not None:
+                groups.setdefault(g, []).append(n)
+        for g, members in groups.items():
+            first = self.sections[members[0]]
+            for n in members[1:]:
+                for f in ("dp", "fsdp", "tp"):
+                    if getattr(self.sections[n], f) != getattr(first, f):
+                        raise ValueError(
+                            f"sections.{n}.{f}: members of group {g!r} share one grid; "
+                            f"{members[0]} has {f} = {getattr(first, f)}, {n} has "
+                            f"{getattr(self.sections[n], f)}"
+                        )
+            if len(members) < 2:
+                continue
+            for n in members:
+                sc = self.sections[n]
+                for f, ok in (
+                    ("fsdp", sc.fsdp == 1),
+                    ("tp", sc.tp == 1),
+                    ("zero", sc.zero == 0),
+                    ("max_in_flight", sc.max_in_flight is None),
+                ):
+                    if not ok:
+                        raise ValueError(
+                            f"sections.{n}.{f}: a colocated group runs plain data-parallel "
+                            f"replicas for now (fsdp = tp = 1, zero = 0, no max_in_flight)"
+                        )
+        unit = {n: self._unit_of(n) for n in order}
+        unit_edges: dict[str, list[str]] = {}
+        for n in order:
+            ins = unit_edges.setdefault(unit[n], [])
+            for p in edges[n]:
+                if unit[p] != unit[n] and unit[p] not in ins:
+                    ins.append(unit[p])
+        try:
+            topological_order(unit_edges, where="groups")
+        except ValueError:
+            raise ValueError(
+                "sections.*.group: a section outside a group lies on a path between two of "
+                "its members (the group would run before and after it); regroup the sections"
+            ) from None
+        consumers = {n: [c for c in order if n in edges[c]] for n in order}
+        for g, members in groups.items():
+            if len(members) < 2:
+                continue
+            sinks = [n for n in members if not consumers[n]]
+            leaves = [n for n in members for c in consumers[n] if c not in members]
+            if sinks and leaves:
+                raise ValueError(
+                    f"sections.{leaves[0]}.group: group {g!r} holds the sink {sinks[0]!r} and "
+                    f"also feeds sections outside it; the runtime runs a group as either a "
+                    f"loss section or a producer"
+                )
+
+    def _unit_of(self, name: str) -> str:
+        """The schedulable unit of section ``name``: itself, or its group's members joined
+        by ``+`` (in topological order), as ``maestro.plan.colocate.group_name`` names it."""
+        g = self.sections[name].group
+        if g is None:
+            return name
+        members = [
+            n for n in topological_order(self.section_inputs()) if self.sections[n].group == g
+        ]
+        return name if len(members) == 1 else "+".join(members)
+
+    def units(self) -> dict[str, list[str]]:
+        """``unit -> member sections``, producers first: a unit is a disaggregated section
+        (``[name]``) or a colocated group (``"a+b" -> ["a", "b"]``, members in topological
+        order)."""
+        edges = self.section_inputs()
+        members: dict[str, list[str]] = {}
+        unit_edges: dict[str, list[str]] = {}
+        for n in topological_order(edges):
+            u = self._unit_of(n)
+            members.setdefault(u, []).append(n)
+            ins = unit_edges.setdefault(u, [])
+            for p in edges[n]:
+                pu = self._unit_of(p)
+                if pu != u and pu not in ins:
+                    ins.append(pu)
+        return {u: members[u] for u in topological_order(unit_edges, where="groups")}
+
+    @property
+    def colocated(self) -> bool:
+        """Whether any group holds more than one section."""
+        return any(len(m) > 1 for m in self.units().values())
 
     def workload_structure(self) -> dict[str, tuple[list[str], bool | None]]:
         """``section -> (inputs, frozen)`` as the job declares them.
@@ -539,8 +644,9 @@ class TrainConfig:
 
     @property
     def world_size(self) -> int:
-        """Ranks a Maestro run needs: the sum over sections of ``dp * fsdp * tp``."""
-        return sum(sc.num_ranks for sc in self.sections.values())
+        """Ranks a Maestro run needs: the sum over sections of ``dp * fsdp * tp`` (a colocated
+        group counted once)."""
+        return sum(self.sections[m[0]].num_ranks for m in self.units().values())
 
     def check_world_size(self, world_size: int) -> None:
         """``ValueError`` (one line, naming every section's degrees) unless the sections'
@@ -556,6 +662,8 @@ class TrainConfig:
                     for n, sc in self.sections.items()
                 )
                 what = "the sum of dp x fsdp x tp"
+            if self.colocated:
+                what += " (a colocated group counted once)"
             raise ValueError(
                 f"sections.*.dp: {what} is {self.world_size} ({parts}) but the world "
                 f"size is {world_size}; sections get disjoint ranks"
@@ -578,15 +686,58 @@ class TrainConfig:
             for n in topological_order(edges)
         ]
 
-    def rank_layout(self) -> dict[str, list[int]]:
-        """``section -> global ranks``: contiguous blocks of ``dp * fsdp * tp`` ranks in
-        topological order (``maestro.parallel.mesh`` arranges a block as dp x fsdp x tp)."""
+    def unit_specs(self) -> list[SectionSpec]:
+        """The schedulable units as the scheduler sees them, producers first: each
+        disaggregated section as in ``section_specs``, each colocated group as one virtual
+        section ``"a+b"`` (inputs: the units its members read from outside it; frozen when
+        every member is; no token budget of its own). A group micro-batch holds the largest
+        member ``micro_batch_size`` when the group is the whole model, else the smallest
+        (the rule ``maestro.plan`` scores layouts with: ``plan.colocate.merged_specs``)."""
+        specs = {s.name: s for s in self.section_specs()}
+        units = self.units()
+        if len(units) == len(specs):
+            return list(specs.values())
+        unit_of = {n: u for u, ms in units.items() for n in ms}
+        pick = max if len(units) == 1 else min
+        out = []
+        for u, ms in units.items():
+            if len(ms) == 1:
+                s = specs[ms[0]]
+                ins = tuple(dict.fromkeys(unit_of[p] for p in s.inputs))
+                out.append(dataclasses.replace(s, inputs=ins))
+                continue
+            ins = tuple(
+                dict.fromkeys(unit_of[p] for n in ms for p in specs[n].inputs if p not in ms)
+            )
+            out.append(
+                SectionSpec(
+                    name=u,
+                    inputs=ins,
+                    dp=self.sections[ms[0]].data_parallel,
+                    tp=self.sections[ms[0]].tp,
+                    micro_batch_size=pick(self.sections[n].micro_batch_size for n in ms),
+                    frozen=all(self.sections[n].frozen for n in ms),
+                    token_budget=None,
+                )
+            )
+        return out
+
+    def unit_layout(self) -> dict[str, list[int]]:
+        """``unit -> global ranks``: contiguous blocks of ``dp * fsdp * tp`` ranks in
+        topological order (a colocated group's block shared by its members)."""
         layout, r = {}, 0
-        for spec in self.section_specs():
-            n = self.sections[spec.name].num_ranks
-            layout[spec.name] = list(range(r, r + n))
+        for u, ms in self.units().items():
+            n = self.sections[ms[0]].num_ranks
+            layout[u] = list(range(r, r + n))
             r += n
         return layout
+
+    def rank_layout(self) -> dict[str, list[int]]:
+        """``section -> global ranks``: contiguous blocks of ``dp * fsdp * tp`` ranks in
+        topological order (``maestro.parallel.mesh`` arranges a block as dp x fsdp x tp);
+        the members of a colocated group share its block."""
+        by_unit = self.unit_layout()
+        return {n: by_unit[u] for u, ms in self.units().items() for n in ms}
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict that ``from_dict`` reads back (used to ship configs to workers)."""

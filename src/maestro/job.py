@@ -299,6 +299,10 @@ class Job:
             for s in batch
         ]
 
+    def sample_cost(self, sample: Sample) -> dict[str, float]:
+        """The scheduler's cost features of one sample (``Job(sample_cost=)`` or the default)."""
+        return self._sample_cost(sample)
+
     def normaliser(self, batch: Sequence[Sample]) -> float:
         """What the summed per-sample losses of ``batch`` are divided by (> 0)."""
         v = float(self._normaliser(batch))

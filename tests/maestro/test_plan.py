@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -271,3 +272,18 @@ def test_no_skip_ablation_applies_to_extra_batches_too():
     opts = SearchOptions(batches=[skipping(1)], ablation=Ablation(no_skip=True))
     p = _Problem(skipping(0), KD_SECS, KD_CM, 4, opts)
     assert all(s.sections == {"t", "s"} for b in (p.samples, *p.batches) for s in b)
+
+
+def test_token_budget_ablation_cuts_micro_batches_by_count_only():
+    from maestro.plan.options import Ablation
+    from maestro.plan.report import ABLATIONS, breakdown
+    from maestro.plan.workload import load_workload
+
+    wl = load_workload("kd", 8)
+    assert any(s.token_budget for s in wl.sections)
+    opts = SearchOptions(simulate_top=1, ablation=Ablation(no_token_budget=True))
+    p = _Problem(wl.samples, wl.sections, wl.cost_model, 8, opts)
+    assert all(s.token_budget is None for s in p.sections.values())
+    label = next(k for k, a in ABLATIONS.items() if a.no_token_budget)
+    b = breakdown(wl, 8, SearchOptions(simulate_top=1))
+    assert label in b and math.isfinite(b[label])

@@ -64,8 +64,9 @@ def register(sub) -> None:
     p.add_argument(
         "--colocate",
         action="store_true",
-        help="also search layouts where sections share devices (what colocation would be "
-        "worth; maestro train cannot run such plans yet, so --out refuses them)",
+        help="also search layouts where sections share devices (colocated groups; --out "
+        "writes their [sections.NAME] group, which maestro train runs as plain data-parallel "
+        "replicas, so a group planned with tp > 1 is refused)",
     )
     p.add_argument(
         "--plot",

@@ -28,6 +28,8 @@ class Ablation:
         fifo: score with data-order (fifo) scheduling instead of the balancing wavefront.
         disaggregated: every section on its own devices (no colocated groups, and not the
             monolithic layout either).
+        no_token_budget: micro-batches cut by sample count only (every section's
+            ``token_budget`` off), so long-tailed lengths pad and unbalance them.
     """
 
     same_mbs: bool = False
@@ -35,6 +37,7 @@ class Ablation:
     no_skip: bool = False
     fifo: bool = False
     disaggregated: bool = False
+    no_token_budget: bool = False
 
 
 @dataclass
@@ -61,9 +64,9 @@ class SearchOptions:
             imbalance a real trainer would avoid.
         colocate: also search layouts where groups of sections share devices
             (``maestro.plan.colocate``: all sections colocated with per-section micro-batches,
-            or e.g. the encoders with the LLM). Off by default: ``maestro.runtime`` runs
-            only disjoint sections or the whole model on every rank, and the planner plans
-            what the runtime runs; turn it on to see what colocation would be worth.
+            or e.g. the encoders with the LLM). Off by default. ``maestro.runtime`` runs a
+            colocated group as plain data-parallel replicas (``runtime.colocated``), so a
+            written plan must keep its groups at ``tp = 1`` (``plan_toml`` refuses others).
         include_monolithic: the monolithic layouts (``plan_monolithic``'s search) are
             Maestro candidates too, so Maestro's plan is never slower than the baseline's.
         objective: ``"gpu_hours"``: the fewest GPU-hours per sample (GPUs x step time; a

@@ -147,6 +147,8 @@ class _Problem:
             every = frozenset(s.name for s in sections)
             samples = [replace(s, sections=every) for s in samples]
             batches = [[replace(s, sections=every) for s in b] for b in batches]
+        if opts.ablation.no_token_budget:
+            sections = [replace(s, token_budget=None) for s in sections]
         self.samples = list(samples)
         #: further batches the layouts are scored on (``SearchOptions.batches``)
         self.batches = batches

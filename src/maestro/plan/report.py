@@ -30,6 +30,7 @@ ABLATIONS: dict[str, Ablation] = {
     "per-section tp (avoided tensor parallelism)": Ablation(same_tp=True),
     "skipped modality work": Ablation(no_skip=True),
     "balance (wavefront vs data-order scheduling)": Ablation(fifo=True),
+    "token-budget micro-batches (vs sample counts only)": Ablation(no_token_budget=True),
 }
 
 
@@ -212,8 +213,9 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str = "balan
     reads the layout back. ``order``: a monolithic plan's ``monolithic_order`` (``balanced``:
     the tuned baseline's length-balanced sampler; ``data``: the conventional one's).
 
-    A run config can only hold what ``maestro.runtime`` runs: disjoint sections, or the
-    whole model on every rank (plan it with ``SearchOptions(colocate=False)``).
+    A colocated group's members get its ``group`` (the plan's ``"a+b"``) and share its
+    ``dp`` (``maestro.runtime.colocated`` runs the group as plain data-parallel replicas:
+    ``ValueError`` for a group planned with ``tp > 1``; ZeRO-1 is written off for members).
     """
     head = [
         f"# maestro plan: {layout_label(plan)} layout, "
@@ -228,11 +230,7 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str = "balan
     d = wl.config.to_dict()
     secs = d.pop("sections")
     work = d.pop("workload")
-    if any(sp.group for sp in plan.sections.values()):
-        raise ValueError(
-            "a plan with colocated groups cannot be written as a run config "
-            "(maestro.runtime runs disjoint sections or the whole model per rank)"
-        )
+    _check_groups_runnable(plan)
     if plan.monolithic:
         sp = next(iter(plan.sections.values()))
         d["monolithic_micro_batch_size"] = sp.micro_batch_size
@@ -243,9 +241,10 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str = "balan
             secs[n]["dp"] = sp.dp
             secs[n]["fsdp"] = sp.fsdp
             secs[n]["tp"] = sp.tp
-            secs[n]["zero"] = sp.zero
+            secs[n]["zero"] = 0 if sp.group else sp.zero
             secs[n]["recompute"] = sp.recompute
             secs[n]["micro_batch_size"] = sp.micro_batch_size
+            secs[n]["group"] = sp.group or None
         d["scheduler"] = "wavefront"  # the plan was scored with it
         head.append(f"# run: maestro train THIS.toml --nproc {plan.gpus}")
     lines = head + [f"{_key(k)} = {_value(v)}" for k, v in d.items() if v is not None]
@@ -302,11 +301,7 @@ def scenario_run_config(
 
     sc = wl.scenario
     assert sc is not None
-    if any(sp.group for sp in plan.sections.values()):
-        raise ValueError(
-            "a plan with colocated groups cannot be written as a run config "
-            "(maestro.runtime runs disjoint sections or the whole model per rank)"
-        )
+    _check_groups_runnable(plan)
     audio = 0.15 * (1 - sc.text_only) / 0.6
     name, job_cfg = scenario_job(sc.name, sc.text_only, audio)
     secs = dict(plan.sections)
@@ -318,7 +313,21 @@ def scenario_run_config(
             (one,) = shrink_layout({"model": next(iter(secs.values()))}).values()
             secs = {n: replace(one, recompute=sp.recompute) for n, sp in secs.items()}
         else:
-            secs = shrink_layout(secs)
+            # a colocated group shrinks as one unit (its members keep one grid)
+            unit = {n: sp.group or n for n, sp in secs.items()}
+            first = {}
+            for n, u in unit.items():
+                first.setdefault(u, n)
+            small = shrink_layout({u: secs[n] for u, n in first.items()})
+            secs = {
+                n: replace(
+                    small[unit[n]],
+                    micro_batch_size=sp.micro_batch_size,
+                    recompute=sp.recompute,
+                    group=sp.group,
+                )
+                for n, sp in secs.items()
+            }
         batch = 16
         budgets = {n: (b // scale_down if b else None) for n, b in budgets.items()}
         # one sample always fits: the longest text plus its image and audio tokens
@@ -334,7 +343,9 @@ def scenario_run_config(
             "(write a copy for this machine with --scale-down K)"
         )
     ranks = (
-        next(iter(secs.values())).gpus if plan.monolithic else sum(sp.gpus for sp in secs.values())
+        next(iter(secs.values())).gpus
+        if plan.monolithic
+        else sum({sp.group or n: sp.gpus for n, sp in secs.items()}.values())
     )
     d = {
         "global_batch": batch,
@@ -368,8 +379,9 @@ def scenario_run_config(
                 "dp": sp.dp,
                 "fsdp": sp.fsdp,
                 "tp": sp.tp,
-                "zero": sp.zero if not frozen[n] else 0,
+                "zero": sp.zero if not frozen[n] and not sp.group else 0,
                 "recompute": sp.recompute and not frozen[n],
+                "group": sp.group or None,
             }
         t["micro_batch_size"] = min(sp.micro_batch_size, batch)
         t["token_budget"] = budgets.get(n)
@@ -377,6 +389,20 @@ def scenario_run_config(
             t["frozen"] = True
         lines += [""] + _table(f"sections.{n}", t)
     return "\n".join(lines) + "\n"
+
+
+def _check_groups_runnable(plan: Plan) -> None:
+    """``ValueError`` for a colocated group the runtime cannot run yet (one with ``tp`` or
+    ``fsdp`` above 1: ``maestro.runtime.colocated`` runs plain data-parallel replicas)."""
+    if plan.monolithic:
+        return
+    for sp in plan.sections.values():
+        if sp.group and (sp.tp > 1 or sp.fsdp > 1):
+            raise ValueError(
+                f"group {sp.group!r}: planned with tp = {sp.tp}, fsdp = {sp.fsdp}, but "
+                "maestro.runtime runs colocated groups as plain data-parallel replicas only "
+                "(plan with tp_choices 1, or without --colocate)"
+            )
 
 
 def layout_label(plan: Plan) -> str:

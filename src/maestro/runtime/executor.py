@@ -21,6 +21,11 @@ and only the TP leader sends outputs and input gradients on. FSDP collectives ne
 of the group to run the same forwards and backwards, so replicas with fewer micro-batches
 than the busiest one run zero-contribution padding micro-batches (``_pad_micro_batch``).
 
+Colocated groups (``[sections.NAME] group``, ``maestro.runtime.colocated``): the executor
+runs the *unit graph*, in which a group is one virtual section on the group's ranks; its
+replica holds every member and runs them one after another, outputs in memory. Its optimizer
+is one per trainable member, and its checkpoints and saved states are per member.
+
 Every per-sample loss is divided by the *global* batch's normaliser and DP reduction is a SUM,
 so the step equals a single-process step of the whole compound model up to float rounding.
 """
@@ -36,7 +41,7 @@ import torch.distributed as dist
 from maestro.config import TrainConfig
 from maestro.costmodel import micro_batch_features
 from maestro.parallel import grads as pgrads
-from maestro.parallel.mesh import build_section_mesh, section_layouts
+from maestro.parallel.mesh import SectionLayout, build_section_mesh, section_layouts
 from maestro.runtime.faults import NonFiniteError, kill_point, nonfinite_message, poison_factor
 from maestro.runtime.local import (
     batch_fingerprint,
@@ -116,6 +121,17 @@ def grads_finite(params: Sequence[torch.nn.Parameter]) -> bool:
     return all(bool(torch.isfinite(g).all()) for g in grads)
 
 
+def _unit_layouts(config: TrainConfig, ranks: dict[str, list[int]]) -> dict[str, SectionLayout]:
+    """Every unit's layout: a section's own (``section_layouts``), or a colocated group's
+    plain replicas over its ranks (its members' shared ``dp``)."""
+    out = section_layouts(config)
+    for u, ms in config.units().items():
+        if len(ms) > 1:
+            sc = config.sections[ms[0]]
+            out[u] = SectionLayout(u, tuple(ranks[u]), sc.dp, sc.fsdp, sc.tp)
+    return {u: out[u] for u in ranks}
+
+
 def _grads_of(received: Outputs) -> Outputs:
     """Gradients of the received tensors that took part in autograd (zeros when unused)."""
     return {
@@ -144,16 +160,30 @@ class MaestroWorker:
 
         config.check_world_size(world)
         self.config, self.rank, self.device, self.tracer = config, rank, device, tracer
-        self.layout = config.rank_layout()
-        self.layouts = section_layouts(config)
-        self.specs = config.section_specs()
+        #: the schedulable units (a section, or a colocated group ``"a+b"``) and their ranks
+        self.units = config.units()
+        self.layout = config.unit_layout()
+        self.layouts = _unit_layouts(config, self.layout)
+        self.specs = config.unit_specs()
         self.name = next(n for n, rs in self.layout.items() if rank in rs)
+        #: the real sections this rank runs (one, or a group's members)
+        self.members = self.units[self.name]
         lay = self.layouts[self.name]
         self.replica = lay.replica_of(rank)
         #: the TP leader of a replica sends its outputs and input gradients
         self.leader = lay.leader(self.replica) == rank
         self.workload = get_workload(config)
-        self.graph = self.workload.graph(build=[self.name])
+        #: the job's own graph (for sample infos and costs) and the graph of units this rank
+        #: runs (the same object without colocated groups)
+        self.real_graph = self.workload.graph(build=self.members)
+        self.graph = self.real_graph
+        if config.colocated:
+            from maestro.runtime.colocated import unit_graph
+
+            job = self.workload
+            self.graph = unit_graph(
+                config, self.real_graph, lambda s: float(job.sample_cost(s).get("tokens", 1.0))
+            )
         self.section = self.graph[self.name]
         self.section.module.to(device)
         self.group = None  # plain replicas: the flat gradient all-reduce's group
@@ -170,13 +200,14 @@ class MaestroWorker:
                     self.group = g
         # the non-finite guard's flags are agreed among the ranks of trainable sections only:
         # frozen ranks never update, so they keep running ahead of their consumers
-        self.guard_names = [s.name for s in self.specs if not config.sections[s.name].frozen]
+        self.guard_names = [s.name for s in self.specs if not s.frozen]
         guard_ranks = sorted(r for n in self.guard_names for r in self.layout[n])
         self.guard_group = None
         if 0 < len(guard_ranks) < world:
             self.guard_group = dist.new_group(guard_ranks)
         self.trainable = not self.section.frozen
-        sc = config.sections[self.name]
+        #: the unit's parallel settings (a group's members share them)
+        sc = self.unit_config = config.sections[self.members[0]]
         self.strategy = None
         if lay.sharded:
             from maestro.parallel.apply import parallelize_section
@@ -190,15 +221,33 @@ class MaestroWorker:
                 mixed_precision=bf16,
                 where=f"sections.{self.name}",
             )
-        elif sc.recompute and self.trainable:
-            from maestro.parallel.apply import apply_recompute, transformer_blocks
+        else:
+            for m in self.members:
+                msc = config.sections[m]
+                if msc.recompute and not msc.frozen:
+                    from maestro.parallel.apply import apply_recompute, transformer_blocks
 
-            apply_recompute(transformer_blocks(self.section.module), f"sections.{self.name}")
+                    apply_recompute(transformer_blocks(self.real_graph[m].module), f"sections.{m}")
         #: the gradient-sum group over replicas of a TP-sharded section without FSDP
         self.dp_group = self.strategy.dp_group if self.strategy is not None else None
         self.params = [p for p in self.section.module.parameters() if p.requires_grad]
         self.optimizer = None
-        if self.trainable and sc.zero and lay.num_replicas > 1:
+        #: ``(section config, parameters, optimizer)`` stepped after each step
+        self.opt_parts: list = []
+        if len(self.members) > 1:
+            from maestro.runtime.colocated import ColocatedOptimizer
+
+            parts = []
+            for m in self.members:
+                msc = config.sections[m]
+                if msc.frozen:
+                    continue
+                ps = [p for p in self.real_graph[m].module.parameters() if p.requires_grad]
+                parts.append((m, msc, ps, make_optimizer(msc, ps)))
+            if parts:
+                self.optimizer = ColocatedOptimizer(parts)
+                self.opt_parts = [(msc, ps, opt) for _, msc, ps, opt in parts]
+        elif self.trainable and sc.zero and lay.num_replicas > 1:
             from maestro.parallel.zero import ZeroOptimizer
 
             self.optimizer = ZeroOptimizer(
@@ -206,6 +255,8 @@ class MaestroWorker:
             )
         elif self.trainable:
             self.optimizer = make_optimizer(sc, self.params)
+        if self.optimizer is not None and not self.opt_parts:
+            self.opt_parts = [(sc, self.params, self.optimizer)]
         self.scheduler = resolve_scheduler(config.scheduler)
         #: what the scheduler estimates costs with (``runtime.costs``); fifo needs none
         self.cost_model = None
@@ -213,10 +264,15 @@ class MaestroWorker:
             from maestro.runtime.costs import runtime_cost_model
 
             self.cost_model = runtime_cost_model(config, self.workload)
+            if config.colocated:
+                from maestro.plan.colocate import GroupedCostModel
+
+                mbs = {n: s.micro_batch_size for n, s in config.sections.items()}
+                self.cost_model = GroupedCostModel(
+                    self.cost_model, config.section_specs(), self._groups(), mbs
+                )
         #: forward-only micro-batches whose outputs may be in flight (sent, not yet received)
-        self.max_in_flight = (
-            config.sections[self.name].max_in_flight if self.section.frozen else None
-        )
+        self.max_in_flight = sc.max_in_flight if self.section.frozen else None
         self.transport = Transport(device)
         tp_index = lay.coordinate(rank)[2]
         self.label = f"{self.name}[{self.replica}]" + (f"tp{tp_index}" if lay.tp > 1 else "")
@@ -228,6 +284,20 @@ class MaestroWorker:
         self._batch_checked = False
         #: ``(batch fingerprint, schedule)`` of the last step
         self._schedule_cache: tuple[int, Schedule] | None = None
+
+    def _groups(self) -> list[tuple[str, ...]]:
+        """The layout's partition of the sections (``maestro.plan.colocate``'s groups)."""
+        return [tuple(ms) for ms in self.units.values()]
+
+    def _sample_infos(self, batch) -> list[SampleInfo]:
+        """The scheduler's view of ``batch``: per unit (a group's members' costs carried as
+        ``member/key``, as ``GroupedCostModel`` reads them)."""
+        infos = self.workload.sample_infos(batch, self.real_graph)
+        if not self.config.colocated:
+            return infos
+        from maestro.plan.colocate import merged_samples
+
+        return merged_samples(infos, self._groups())
 
     def _rank_of(self, section: str, schedule: Schedule, sample_id: int) -> int:
         """The rank that sends ``section``'s messages about ``sample_id`` (its TP leader)."""
@@ -271,7 +341,7 @@ class MaestroWorker:
             # afterwards every message carries the sender's fingerprint (no extra sync)
             self.transport.batch_checks = {step - 1: self.transport.batch_checks.get(step - 1, 0)}
             self.transport.batch_checks[step] = fp
-            infos = self.workload.sample_infos(batch, self.graph)
+            infos = self._sample_infos(batch)
             if self._schedule_cache is not None and self._schedule_cache[0] == fp:
                 # the same global batch again (an emulated run replays its planned batch):
                 # schedulers are deterministic, so its schedule is the one computed before
@@ -366,8 +436,9 @@ class MaestroWorker:
                         with tr.span(f"recv grad {c}", "wait", mb=k):
                             g = self.transport.get(self._rank_of(c, schedule, sid), tag_grad, sid)
                         for key, gt in g.items():
-                            tensors.append(o[key])
-                            grads.append(gt)
+                            if o[key].requires_grad:  # not a frozen group member's output
+                                tensors.append(o[key])
+                                grads.append(gt)
             if pad:
                 # FSDP: one backward per micro-batch on every rank, whatever came back
                 # (zero gradients for outputs nobody used, and for padding micro-batches)
@@ -397,14 +468,15 @@ class MaestroWorker:
             elif self.dp_group is not None:
                 with tr.span("all-reduce grads", "comm"):
                     pgrads.allreduce_grads(self.params, self.dp_group)
-            sc = self.config.sections[self.name]
             with tr.span("optimizer", "optimizer"):
-                if self.strategy is not None:
-                    pgrads.clip_grads(self.params, sc.grad_clip, self.mesh)  # all shards
-                else:
-                    clip_grads(self.params, sc.grad_clip)
-                set_lr(self.optimizer, sc, step, self.config.steps)
-                self.optimizer.step()
+                # one part per section (a colocated group's members each clip and step alone)
+                for sc, params, opt in self.opt_parts:
+                    if self.strategy is not None:
+                        pgrads.clip_grads(params, sc.grad_clip, self.mesh)  # all shards
+                    else:
+                        clip_grads(params, sc.grad_clip)
+                    set_lr(opt, sc, step, self.config.steps)
+                    opt.step()
         return reported
 
     def _guard(self, step: int, sink: bool, loss: float) -> bool:
@@ -435,8 +507,10 @@ class MaestroWorker:
         if not sharded:
             if self.replica != 0:
                 return {}
-            opt = None if self.optimizer is None else self.optimizer.state_dict()
-            return {self.name: (self.section.module.state_dict(), opt)}
+            return {
+                m: (module.state_dict(), None if opt is None else opt.state_dict())
+                for m, module, opt, _ in self._member_states()
+            }
         from maestro.parallel import state as pstate
 
         module = pstate.full_module_state(self.section.module)
@@ -445,8 +519,16 @@ class MaestroWorker:
             opt = pstate.full_optimizer_state(self.optimizer, self.params)
         return {self.name: (module, opt)} if self.replica == 0 and self.leader else {}
 
+    def _member_states(self):
+        """``(section, module, optimizer or None, parameters)`` of each real section this rank
+        runs (its own, or every member of its colocated group)."""
+        if len(self.members) == 1:
+            return [(self.name, self.section.module, self.optimizer, self.params)]
+        opts = {m: (opt, ps) for m, _, ps, opt in self.optimizer.parts} if self.optimizer else {}
+        return [(m, self.real_graph[m].module, *opts.get(m, (None, []))) for m in self.members]
+
     def _layout_dict(self) -> dict:
-        sc = self.config.sections[self.name]
+        sc = self.unit_config
         return {"dp": sc.dp, "fsdp": sc.fsdp, "tp": sc.tp, "zero": sc.zero}
 
     def _checkpoint_group(self):
@@ -476,6 +558,10 @@ class MaestroWorker:
             return [self.name] if group is None or dist.get_rank(group) == 0 else []
         if self.replica != 0:
             return []
+        if len(self.members) > 1:
+            for m, module, mopt, params in self._member_states():
+                pdcp.save_section(section_dir(d, next_step, m), module, mopt, params, layout=lay)
+            return list(self.members)
         pdcp.save_section(final, self.section.module, opt, self.params, layout=lay)
         return [self.name]
 
@@ -488,7 +574,10 @@ class MaestroWorker:
 
     def load_checkpoint(self, ckpt) -> None:
         """Load this section's module and optimizer state from a ``checkpoint.Checkpoint``
-        (written under any layout)."""
+        (written under any layout; a colocated group loads each member's own state)."""
+        if len(self.members) > 1:
+            self._load_members(ckpt)
+            return
         if self.name not in ckpt.sections:
             raise ValueError(f"checkpoint has no state for section {self.name!r}")
         if getattr(ckpt, "format", "full") == "sharded":
@@ -518,6 +607,31 @@ class MaestroWorker:
         if self.optimizer is not None:
             pstate.load_optimizer_state(self.optimizer, self.params, st["optimizer"])
 
+    def _load_members(self, ckpt) -> None:
+        """``load_checkpoint`` of a colocated group: member by member, by member name."""
+        for m, module, opt, params in self._member_states():
+            if m not in ckpt.sections:
+                raise ValueError(f"checkpoint has no state for section {m!r}")
+            if getattr(ckpt, "format", "full") == "sharded":
+                from maestro.parallel import dcp as pdcp
+                from maestro.runtime.checkpoint import section_dir
+
+                pdcp.load_section(
+                    section_dir(ckpt.dir, ckpt.next_step, m),
+                    module,
+                    opt,
+                    params,
+                    where=f"section {m!r}",
+                    layout=self._layout_dict(),
+                )
+                continue
+            st = ckpt.section(m)
+            if opt is not None and st["optimizer"] is None:
+                raise ValueError(f"checkpoint has no optimizer state for section {m!r}")
+            module.load_state_dict(st["module"])
+            if opt is not None:
+                opt.load_state_dict(st["optimizer"])
+
     def state_bytes(self) -> dict[str, int]:
         """This rank's bytes of parameters, gradients and optimizer state."""
         from maestro.parallel.memory import state_bytes
@@ -546,7 +660,9 @@ class MaestroWorker:
         """``{section: state_dict}`` this rank saves (replica 0's TP leader), whole tensors;
         collective over the section's ranks when it shards."""
         if self.strategy is None:
-            return {self.name: self.section.module.state_dict()} if self.replica == 0 else {}
+            if self.replica != 0:
+                return {}
+            return {m: module.state_dict() for m, module, _, _ in self._member_states()}
         from maestro.parallel.state import full_module_state
 
         sd = full_module_state(self.section.module)
