@@ -1,0 +1,86 @@
+"""Benchmark: colocated vs disaggregated vs monolithic on 2 real ranks (issue 24, item 5).
+
+For each shipped 2-section example (``examples/kd.toml``, ``examples/mllm.toml``), three
+layouts of the same job on 2 ranks, run for real (gloo, this CPU), interleaved, median of
+``--repeats``:
+
+- disaggregated: the example as written (each section on its own rank, wavefront);
+- colocated: every section in one ``group`` with ``dp = 2`` (each rank runs both sections on
+  its samples, each on its own micro-batches, outputs in memory);
+- monolithic: ``--monolithic --nproc 2`` with a length-balanced sampler (the tuned baseline,
+  its best micro-batch of ``--mbs``).
+
+Prints samples/s and each rank's busy fraction, and the ratios to the best monolithic run.
+
+Run: ``.venv/bin/python bench/maestro_colocate.py [--steps 8] [--repeats 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cpu_model() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if "Model name" in ln), "?")
+
+
+def layouts(path: Path, steps: int, mbs_choices):
+    from maestro import config as C
+
+    base = C.load(path)
+    d = base.to_dict()
+    d["steps"] = steps
+    out = {"disaggregated": (C.from_dict(copy.deepcopy(d)), False)}
+    col = copy.deepcopy(d)
+    for s in col["sections"].values():
+        s["dp"], s["group"] = 2, "all"
+    col["config_dir"] = base.config_dir
+    out["colocated"] = (C.from_dict(col), False)
+    for m in mbs_choices:
+        mono = copy.deepcopy(d)
+        mono["monolithic_micro_batch_size"] = m
+        mono["monolithic_order"] = "balanced"
+        out[f"monolithic mbs={m}"] = (C.from_dict(mono), True)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--examples", default="kd,mllm")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mbs", default="2,4,8", help="monolithic micro-batch sizes tried")
+    args = ap.parse_args(argv)
+    from maestro.runtime import RunOptions, launch
+
+    print(f"# CPU: {cpu_model()}; 2 ranks, gloo; median of {args.repeats} interleaved runs")
+    for ex in args.examples.split(","):
+        runs = layouts(
+            ROOT / "examples" / f"{ex}.toml", args.steps, [int(m) for m in args.mbs.split(",")]
+        )
+        rates: dict[str, list[float]] = {k: [] for k in runs}
+        busy: dict[str, dict] = {}
+        for _ in range(args.repeats):
+            for label, (cfg, mono) in runs.items():
+                r = launch(cfg, 2, RunOptions(progress=False, monolithic=mono), timeout_s=600)
+                rates[label].append(r["samples_per_s"])
+                busy[label] = r["busy"]
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        best_mono = max(v for k, v in med.items() if k.startswith("monolithic"))
+        print(f"\n{ex}: samples/s (median), ratio to the best monolithic, busy fraction")
+        for k, v in med.items():
+            b = " ".join(f"{n}={x:.0%}" for n, x in busy[k].items())
+            print(f"  {k:<18} {v:8.2f}  {v / best_mono:5.2f}x  {b}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
