@@ -2,8 +2,12 @@
 models are built from configs with random weights, spawned ranks inherit the setting)."""
 
 import os
+import sys
 
 import pytest
+
+# shared test modules of this directory (``dist_cases``) import by name under importlib mode
+sys.path.insert(0, os.path.dirname(__file__))
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
