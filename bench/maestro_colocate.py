@@ -20,16 +20,13 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import cpu_model  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_model() -> str:
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if "Model name" in ln), "?")
 
 
 def layouts(path: Path, steps: int, mbs_choices):

@@ -22,13 +22,16 @@ beside the hand-written ones. Benchmarks are never tests.
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
+import sys  # noqa: E402
 import time
+from pathlib import Path  # noqa: E402
 
 from maestro import config as C
 from maestro.runtime import RunOptions, launch
 from maestro.runtime.local import reference_train
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import cpu_model as _cpu_model  # noqa: E402
 
 BASE = """
 global_batch = 16
@@ -119,17 +122,6 @@ def main() -> int:
             f"{r['bytes']:>16,.0f}{r['bytes'] / max(base['bytes'], 1):>12.2f}x{r['diff']:>14.1e}"
         )
     return 0
-
-
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

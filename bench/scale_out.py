@@ -18,8 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
+import sys  # noqa: E402
 import time
+from pathlib import Path  # noqa: E402
 
 import numpy as np
 import torch
@@ -29,16 +30,8 @@ from quiver.datasets.synthetic import scaled, synthetic
 from quiver.feature.partition import Router, make_partition, remote_share
 from quiver.pyg import GraphSageSampler
 
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import cpu_model  # noqa: E402
 
 
 def _free_port() -> int:
