@@ -109,13 +109,17 @@ class SectionConfig:
     """Activation checkpointing per transformer block (``torch.utils.checkpoint``): keep only
     block inputs and recompute the block's forward in the backward. Trainable sections only."""
     group: str | None = None
-    """Colocated group: sections naming the same group share its ranks (one ``dp`` x ``fsdp``
-    x ``tp`` grid, which every member must state alike) instead of owning disjoint ones. A
-    replica of the group holds every member and runs them one after another on the same
-    samples, each on its own micro-batches (``micro_batch_size``, ``token_budget``), with
-    outputs passed in memory; each member keeps its own optimizer, ``lr`` and ``frozen``.
-    ``None``: the section is disaggregated (its own ranks). Any name works; ``maestro plan``
-    writes the members joined by ``+``."""
+    """Colocated group: sections naming the same group share its ranks instead of owning
+    disjoint ones. Each member states its own grid over those ranks (``dp * tp`` equal for
+    all members; every member's ``tp`` divides the largest, ``T``; ``zero`` per member;
+    ``fsdp = 1``). A group replica is ``T`` ranks and runs every member on the same
+    samples, one member after another, each on its own micro-batches (``micro_batch_size``,
+    ``token_budget``); a member at ``tp < T`` splits the replica's samples over ``T / tp``
+    sub-replicas and the replica then all-gathers its outputs (e.g. on 8 ranks a vision
+    encoder at ``dp = 8`` beside an LLM at ``tp = 2, dp = 4``). Outputs stay in memory; each
+    member keeps its own optimizer, ``lr`` and ``frozen``, and sums its gradients over its
+    own ``dp``. ``None``: the section is disaggregated (its own ranks). Any name works;
+    ``maestro plan`` writes the members joined by ``+``."""
 
     @property
     def data_parallel(self) -> int:
@@ -435,6 +439,11 @@ class TrainConfig:
     equal estimated work, by the scheduler's cost model; the planner's tuned baseline)."""
     threads: int = 1
     """Intra-op torch threads per rank on CPU."""
+    max_memory: str | int | None = None
+    """Per-rank budget for training state (parameters, gradients, optimizer state; not
+    activations), e.g. ``"80GiB"``, ``"512MB"`` or a number of bytes. Every rank sums its
+    sections' state (a colocated group's members together) before the first step and stops
+    with a one-line error naming them when it does not fit. ``None``: no check."""
     cost_profile: str | None = None
     """JSON profile (``maestro profile``, e.g. ``--from-run``) whose fitted
     ``MeasuredCostModel`` the scheduler uses to estimate section costs. ``None``: a FLOP count
@@ -461,6 +470,8 @@ class TrainConfig:
             )
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.max_memory is not None:
+            parse_bytes(self.max_memory, "max_memory")
         if self.cost_profile is not None:
             if not isinstance(self.cost_profile, str) or not self.cost_profile:
                 raise ValueError(f"cost_profile must be a path string, got {self.cost_profile!r}")
@@ -517,30 +528,38 @@ class TrainConfig:
             if g is not None:
                 groups.setdefault(g, []).append(n)
         for g, members in groups.items():
-            first = self.sections[members[0]]
-            for n in members[1:]:
-                for f in ("dp", "fsdp", "tp"):
-                    if getattr(self.sections[n], f) != getattr(first, f):
-                        raise ValueError(
-                            f"sections.{n}.{f}: members of group {g!r} share one grid; "
-                            f"{members[0]} has {f} = {getattr(first, f)}, {n} has "
-                            f"{getattr(self.sections[n], f)}"
-                        )
             if len(members) < 2:
                 continue
+            first = self.sections[members[0]]
+            top = max(self.sections[n].tp for n in members)
             for n in members:
                 sc = self.sections[n]
-                for f, ok in (
-                    ("fsdp", sc.fsdp == 1),
-                    ("tp", sc.tp == 1),
-                    ("zero", sc.zero == 0),
-                    ("max_in_flight", sc.max_in_flight is None),
+                if sc.num_ranks != first.num_ranks:
+                    raise ValueError(
+                        f"sections.{n}: members of group {g!r} share its ranks; "
+                        f"{members[0]} takes dp*fsdp*tp = {first.num_ranks} ranks, {n} takes "
+                        f"{sc.num_ranks}"
+                    )
+                if top % sc.tp:
+                    raise ValueError(
+                        f"sections.{n}.tp: inside group {g!r} every member's tp must divide "
+                        f"the largest ({top}); {n} has tp = {sc.tp}"
+                    )
+                for f, ok, why in (
+                    (
+                        "fsdp",
+                        sc.fsdp == 1,
+                        "FSDP inside a colocated group is not supported "
+                        "yet (members run several chunks per backward); use dp, tp or zero",
+                    ),
+                    (
+                        "max_in_flight",
+                        sc.max_in_flight is None,
+                        "a colocated member cannot run ahead of its group",
+                    ),
                 ):
                     if not ok:
-                        raise ValueError(
-                            f"sections.{n}.{f}: a colocated group runs plain data-parallel "
-                            f"replicas for now (fsdp = tp = 1, zero = 0, no max_in_flight)"
-                        )
+                        raise ValueError(f"sections.{n}.{f}: {why}")
         unit = {n: self._unit_of(n) for n in order}
         unit_edges: dict[str, list[str]] = {}
         for n in order:
@@ -595,6 +614,12 @@ class TrainConfig:
                 if pu != u and pu not in ins:
                     ins.append(pu)
         return {u: members[u] for u in topological_order(unit_edges, where="groups")}
+
+    def group_tp(self, unit: str) -> int:
+        """A unit's TP degree: its section's, or the largest of a colocated group's members
+        (a group replica is that many ranks; a member at a smaller ``tp`` splits the
+        replica's samples over ``group_tp / tp`` sub-replicas of its own)."""
+        return max(self.sections[m].tp for m in self.units()[unit])
 
     @property
     def colocated(self) -> bool:
@@ -713,8 +738,8 @@ class TrainConfig:
                 SectionSpec(
                     name=u,
                     inputs=ins,
-                    dp=self.sections[ms[0]].data_parallel,
-                    tp=self.sections[ms[0]].tp,
+                    dp=self.sections[ms[0]].num_ranks // self.group_tp(u),
+                    tp=self.group_tp(u),
                     micro_batch_size=pick(self.sections[n].micro_batch_size for n in ms),
                     frozen=all(self.sections[n].frozen for n in ms),
                     token_budget=None,
@@ -809,6 +834,32 @@ def _coerce(value: Any, default: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ValueError(f"{where} must be a table, got {value!r}")
     return value
+
+
+def parse_bytes(value, where: str) -> int:
+    """``80GiB``, ``512MB``, ``1e9`` or an int -> bytes; ``ValueError`` naming ``where``."""
+    import re
+
+    if isinstance(value, bool):
+        raise ValueError(f"{where} must be a size such as '80GiB', got {value!r}")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError(f"{where} must be > 0, got {value!r}")
+        return int(value)
+    units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+    units.update({"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40})
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+    if m is None or m.group(2).lower() not in units or float(m.group(1)) <= 0:
+        raise ValueError(f"{where} must be a size such as '80GiB' or '512MB', got {value!r}")
+    return int(float(m.group(1)) * units[m.group(2).lower()])
+
+
+def fmt_bytes(n: float) -> str:
+    """``n`` bytes as ``1.5 GiB`` / ``12.0 MiB`` / ``300 B``."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
 
 
 def from_dict(data: dict[str, Any]) -> TrainConfig:

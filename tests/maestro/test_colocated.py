@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from maestro import config as C
-from maestro.runtime.colocated import chunks, unit_graph
+from maestro.runtime.colocated import chunks, split_even, unit_graph
 from maestro.workloads import get_workload
 
 MLLM = """
@@ -41,8 +41,9 @@ micro_batch_size = 2
 """
 
 
-def cfg(vdp=2, vextra="", aextra="", lextra=""):
-    return C.loads(MLLM.format(vdp=vdp, vextra=vextra, aextra=aextra, lextra=lextra))
+def cfg(vdp=2, vextra="", aextra="", lextra="", ldp=2):
+    text = MLLM.format(vdp=vdp, vextra=vextra, aextra=aextra, lextra=lextra)
+    return C.loads(text.replace("[sections.llm]\ndp = 2", f"[sections.llm]\ndp = {ldp}"))
 
 
 def test_a_group_counts_its_ranks_once_and_is_one_unit():
@@ -72,11 +73,25 @@ def test_the_whole_model_in_one_group_takes_the_largest_member_micro_batch():
     assert c.world_size == 2
 
 
-def test_members_must_share_the_grid():
-    with pytest.raises(ValueError, match=r"sections\.llm\.dp: members of group 'g' share"):
+def test_members_share_the_group_ranks_each_on_its_own_grid():
+    with pytest.raises(ValueError, match=r"sections\.llm: members of group 'g' share its ranks"):
         cfg(vdp=1, vextra='group = "g"', lextra='group = "g"')
-    with pytest.raises(ValueError, match=r"sections\.vision\.tp: a colocated group runs plain"):
-        cfg(vextra='group = "g"\ntp = 2', lextra='group = "g"\ntp = 2')
+    with pytest.raises(ValueError, match=r"sections\.vision\.fsdp: FSDP inside a colocated"):
+        cfg(vdp=1, vextra='group = "g"\nfsdp = 2', lextra='group = "g"')
+    # vision at dp = 2 beside the LLM at tp = 2: one group replica of two ranks
+    c = cfg(vextra='group = "g"', lextra='group = "g"\ntp = 2', ldp=1)
+    assert c.group_tp("vision+llm") == 2
+    specs = {s.name: s for s in c.unit_specs()}
+    assert specs["vision+llm"].tp == 2 and specs["vision+llm"].dp == 1
+    assert c.world_size == 3
+    with pytest.raises(ValueError, match=r"sections\.llm\.tp: inside group 'g' every"):
+        cfg(vdp=2, vextra='group = "g"\ntp = 3', lextra='group = "g"\ntp = 2', ldp=3)
+
+
+def test_split_even_gives_every_sub_replica_a_contiguous_part():
+    assert split_even([4, 5, 6, 7, 8], 2) == [[4, 5, 6], [7, 8]]
+    assert split_even([1], 3) == [[1], [], []]
+    assert split_even([], 2) == [[], []]
 
 
 def test_a_section_on_a_path_between_members_is_an_error():

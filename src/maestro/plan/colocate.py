@@ -161,6 +161,9 @@ class GroupedCostModel(CostModel):
         sections: the real section specs (``frozen``, ``inputs``, ``token_budget``).
         groups: the partition.
         mbs: micro-batch size per real section.
+        splits: sub-replicas per group replica of a member on its own grid (``T / tp``,
+            ``maestro.runtime.colocated``): each rank runs that share of the member's samples
+            (default 1: every member on all of them).
     """
 
     def __init__(
@@ -169,8 +172,10 @@ class GroupedCostModel(CostModel):
         sections: Sequence[SectionSpec],
         groups: Sequence[tuple[str, ...]],
         mbs: Mapping[str, int],
+        splits: Mapping[str, int] | None = None,
     ):
         self.base = base
+        self.splits = dict(splits or {})
         by_name = {s.name: s for s in sections}
         self.members = {group_name(g): g for g in groups if len(g) > 1}
         self.mbs = dict(mbs)
@@ -189,10 +194,11 @@ class GroupedCostModel(CostModel):
     def _chunks(self, group: str, feats: Features, members=None):
         """``(member, chunks, features of one chunk)`` for every member with samples."""
         for n in members if members is not None else self.members[group]:
-            num = feats.get(f"{n}/samples", 0.0)
+            split = self.splits.get(n, 1)
+            num = feats.get(f"{n}/samples", 0.0) / split
             if num <= 0:
                 continue
-            own = {k.split("/", 1)[1]: v for k, v in feats.items() if k.startswith(n + "/")}
+            own = {k.split("/", 1)[1]: v / split for k, v in feats.items() if k.startswith(n + "/")}
             k = math.ceil(num / self.mbs[n] - 1e-9)
             if self.budget[n]:
                 k = max(k, math.ceil(own.get("tokens", 0.0) / self.budget[n] - 1e-9))

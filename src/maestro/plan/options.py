@@ -64,9 +64,11 @@ class SearchOptions:
             imbalance a real trainer would avoid.
         colocate: also search layouts where groups of sections share devices
             (``maestro.plan.colocate``: all sections colocated with per-section micro-batches,
-            or e.g. the encoders with the LLM). Off by default. ``maestro.runtime`` runs a
-            colocated group as plain data-parallel replicas (``runtime.colocated``), so a
-            written plan must keep its groups at ``tp = 1`` (``plan_toml`` refuses others).
+            or e.g. the encoders with the LLM). Off by default. ``"only"``: colocated
+            layouts alone (no layout with every section on its own devices; for comparing
+            the two families, e.g. ``bench/maestro_colocate.py --sim``). A planned group's
+            members share one ``tp`` (the runtime also runs members on their own grids,
+            ``runtime.colocated``; the search does not explore those yet).
         include_monolithic: the monolithic layouts (``plan_monolithic``'s search) are
             Maestro candidates too, so Maestro's plan is never slower than the baseline's.
         objective: ``"gpu_hours"``: the fewest GPU-hours per sample (GPUs x step time; a
@@ -98,7 +100,7 @@ class SearchOptions:
     simulate_top: int = 3
     ablation: Ablation = field(default_factory=Ablation)
     balance_monolithic: bool = True
-    colocate: bool = False
+    colocate: bool | str = False
     include_monolithic: bool = True
     steps: int = 4
     batches: Sequence[Sequence[SampleInfo]] = ()

@@ -94,7 +94,7 @@ def plan_maestro(
     p = _Problem(samples, sections, cost_model, gpus, opts)
     ab = opts.ablation
     alone = [(n,) for n in p.order]
-    groupings = [alone] if gpus >= len(p.order) else []
+    groupings = [alone] if gpus >= len(p.order) and opts.colocate != "only" else []
     shared = opts.colocate and not ab.disaggregated
     if shared:
         groupings += [g for g in valid_groupings([p.sections[n] for n in p.order]) if g != alone]

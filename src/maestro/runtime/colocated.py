@@ -19,6 +19,20 @@ as one virtual ``Section`` named ``"a+b"`` (its members in topological order, as
 
 Autograd runs through the whole group micro-batch, so one backward per group micro-batch
 gives every trainable member its gradients, and the step equals the single-process step.
+
+Per-member grids (``GroupContext``): a group replica is ``T`` ranks (the members' largest
+``tp``). A member at ``tp = T`` runs every sample of the replica tensor-parallel; a member at
+``tp < T`` splits them over ``s = T / tp`` sub-replicas (contiguous, near-equal parts), so
+each rank computes only its part. Where parts differ between a producer and a consumer, the
+producer's outputs cross an *exchange*: forward, the replica all-gathers them (every rank then
+holds every sample's outputs); backward is *staged* (``staged_backward``) with no collective
+inside autograd, because ranks' graphs differ and autograd's order of two collectives could
+too: first the backward from the group's outputs down to the exchanges' gathered leaves,
+then, producers last, for each exchange: the gathered gradient summed over the replica
+(each consumer's use scaled by ``1 / tp_consumer``, since its ``tp`` ranks hold the same
+gradient) and this part's slice run back through the member. Inputs from outside the group
+that a split member reads get their gradients summed over the replica the same way, so the
+replica's leader sends whole gradients back.
 """
 
 from __future__ import annotations
@@ -26,8 +40,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from maestro.sections import Outputs, Sample, Section, SectionGraph
@@ -77,6 +93,186 @@ def _decode(
     return out
 
 
+@dataclass
+class GroupContext:
+    """How this rank runs a colocated group's members (the executor fills it in).
+
+    Args:
+        T: ranks of a group replica (the members' largest ``tp``).
+        tp: ``member -> tp``.
+        index: this rank's position in its group replica (``0 .. T-1``).
+        group: the replica's process group (``None`` when ``T == 1``).
+    """
+
+    T: int = 1
+    tp: dict[str, int] = field(default_factory=dict)
+    index: int = 0
+    group: object = None
+
+    def splits(self, member: str) -> int:
+        """Sub-replicas of ``member`` per group replica (``T / tp``)."""
+        return self.T // self.tp.get(member, self.T)
+
+    def sub(self, member: str) -> int:
+        """This rank's sub-replica of ``member``."""
+        return self.index // self.tp.get(member, self.T)
+
+
+def split_even(idx: Sequence[int], parts: int) -> list[list[int]]:
+    """``idx`` in ``parts`` contiguous pieces whose sizes differ by at most one (the first
+    ones larger; empty pieces when there are fewer items than parts)."""
+    base, extra = divmod(len(idx), parts)
+    out, start = [], 0
+    for j in range(parts):
+        size = base + (1 if j < extra else 0)
+        out.append(list(idx[start : start + size]))
+        start += size
+    return out
+
+
+class _GradScale(torch.autograd.Function):
+    """Identity forward; the backward multiplies the gradient by ``factor``."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.factor, None
+
+
+def _scaled(o: Outputs | None, factor: float) -> Outputs | None:
+    """``o`` with every tensor that needs a gradient passed through ``_GradScale``."""
+    if o is None or factor == 1.0:
+        return o
+    return {
+        k: (_GradScale.apply(v, factor) if isinstance(v, torch.Tensor) and v.requires_grad else v)
+        for k, v in o.items()
+    }
+
+
+@dataclass
+class _Boundary:
+    """One exchange of a micro-batch: per float dtype ``(gathered leaf, local flat, offset of
+    this rank's part in the leaf)``."""
+
+    parts: list[tuple[torch.Tensor, torch.Tensor, int]]
+
+
+@dataclass
+class _Record:
+    """What a group micro-batch's staged backward needs: its exchanges in forward order and
+    the received inputs whose gradients the replica sums."""
+
+    boundaries: list[_Boundary] = field(default_factory=list)
+    external: list[torch.Tensor] = field(default_factory=list)
+
+
+def _exchange(
+    local: Mapping[int, Outputs],
+    parts: Sequence[Sequence[int]],
+    ctx: GroupContext,
+    member: str,
+    grad: bool,
+) -> tuple[dict[int, Outputs], _Boundary | None]:
+    """Every part's outputs on every rank of the replica.
+
+    ``local`` holds this rank's part (``parts[ctx.sub(member)]``, sample ids). Floating
+    tensors travel as one flat buffer per dtype (an all-gather, padded); the rest, with the
+    shapes, as objects. With ``grad``, the gathered floats are leaves that collect the
+    consumers' gradients for ``staged_backward``.
+    """
+    s, mine = len(parts), ctx.sub(member)
+    tp = ctx.tp[member]
+    meta, small = [], {}
+    flats: dict[torch.dtype, list[torch.Tensor]] = {}
+    for sid in parts[mine]:
+        for key in sorted(local[sid]):
+            v = local[sid][key]
+            if isinstance(v, torch.Tensor) and v.is_floating_point():
+                meta.append((sid, key, tuple(v.shape), v.dtype))
+                flats.setdefault(v.dtype, []).append(v.reshape(-1))
+            else:
+                small[(sid, key)] = v
+    local_flat = {d: torch.cat(ts) for d, ts in flats.items()}
+    if s > 1:
+        objs: list = [None] * ctx.T
+        dist.all_gather_object(objs, (meta, small), group=ctx.group)
+        who = [objs[k * tp] for k in range(s)]  # one rank per sub-replica
+    else:
+        who = [(meta, small)]
+    dtypes = sorted({m[3] for w in who for m in w[0]}, key=str)
+    sizes = [{d: sum(math.prod(m[2]) for m in w[0] if m[3] == d) for d in dtypes} for w in who]
+    out: dict[int, Outputs] = {}
+    parts_out = []
+    views: dict[tuple[int, str], torch.Tensor] = {}
+    for d in dtypes:
+        mine_flat = local_flat.get(d)
+        if mine_flat is None:
+            ref = next(iter(local_flat.values()), None)
+            dev = ref.device if ref is not None else None
+            mine_flat = torch.zeros(0, dtype=d, device=dev)
+        if s > 1:
+            width = max(sz[d] for sz in sizes)
+            pad = torch.zeros(width, dtype=d, device=mine_flat.device)
+            pad[: mine_flat.numel()] = mine_flat.detach()
+            got = [torch.empty_like(pad) for _ in range(ctx.T)]
+            dist.all_gather(got, pad, group=ctx.group)
+            full = torch.cat([got[k * tp][: sizes[k][d]] for k in range(s)])
+        else:
+            full = mine_flat.detach().clone()
+        if grad:
+            full.requires_grad_(True)
+        offset = sum(sizes[k][d] for k in range(mine)) if s > 1 else 0
+        parts_out.append((full, mine_flat, offset))
+        off = 0
+        for w in who:
+            for sid, key, shape, dt in w[0]:
+                if dt == d:
+                    n = math.prod(shape)
+                    views[(sid, key)] = full[off : off + n].view(shape)
+                    off += n
+    for w in who:
+        for sid, key, _, _ in w[0]:
+            out.setdefault(sid, {})[key] = views[(sid, key)]
+        for (sid, key), v in w[1].items():
+            out.setdefault(sid, {})[key] = v
+    return out, (_Boundary(parts_out) if grad else None)
+
+
+def staged_backward(
+    ctx: GroupContext, rec: _Record | None, tensors: Sequence[torch.Tensor], grads
+) -> None:
+    """The backward of one group micro-batch (see the module docstring): autograd from
+    ``tensors`` down to the exchanges, then each exchange, producers last, then the summed
+    gradients of received inputs. Every rank of the replica makes the same collectives."""
+    if tensors:
+        torch.autograd.backward(list(tensors), list(grads))
+    if rec is None:
+        return
+    for b in reversed(rec.boundaries):
+        for full, local_flat, offset in b.parts:
+            g = full.grad if full.grad is not None else torch.zeros_like(full)
+            dist.all_reduce(g, op=dist.ReduceOp.SUM, group=ctx.group)
+            n = local_flat.numel()
+            if n and local_flat.requires_grad:
+                torch.autograd.backward([local_flat], [g[offset : offset + n]])
+    if rec.external:
+        flat = torch.cat(
+            [
+                (t.grad if t.grad is not None else torch.zeros_like(t)).reshape(-1)
+                for t in rec.external
+            ]
+        )
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=ctx.group)
+        off = 0
+        for t in rec.external:
+            t.grad = flat[off : off + t.numel()].view_as(t).clone()
+            off += t.numel()
+
+
 def chunks(
     idx: Sequence[int], mbs: int, budget: int | None, tokens: Sequence[float]
 ) -> list[list[int]]:
@@ -116,42 +312,85 @@ def _group_section(
     # members as Sections around the ColocatedModule's own submodules
     secs = {m: real[m].clone(module.members[m]) for m in members}
 
+    internal_consumers = {m: [c for c in members if m in real[c].inputs] for m in members}
+    ext_readers = [m for m in members if any(p not in inside for p in real[m].inputs)]
+    pending: list[_Record] = []
+
     def forward(mod, samples, inputs):
+        ctx: GroupContext = section.colocated
+        T = ctx.T
+        split = {m: ctx.splits(m) for m in members}
+        # an exchange where a producer's and a consumer's parts differ
+        exch = {
+            m: split[m] > 1 or any(split[c] > 1 for c in internal_consumers[m]) for m in members
+        }
+        ext_sum = T > 1 and any(split[m] > 1 for m in ext_readers)
+        grad_on = torch.is_grad_enabled() and not all(real[m].frozen for m in members)
+        rec = _Record() if grad_on and T > 1 else None
         ext = _decode(inputs, units)
+        if rec is not None and ext_sum:
+            for p in sorted(inputs):
+                for o in inputs[p]:
+                    for k in sorted(o or {}):
+                        v = o[k]
+                        if isinstance(v, torch.Tensor) and v.requires_grad:
+                            rec.external.append(v)
         internal: dict[str, dict[int, Outputs]] = {}
         outs: list[Outputs] = [{} for _ in samples]
         losses: list[list[torch.Tensor]] = [[] for _ in samples]
         for m in members:
             sec = secs[m]
-            internal[m] = {}
             idx = [i for i, s in enumerate(samples) if sec.activated(s)]
-            toks = [tokens_of(samples[i]) for i in idx]
-            for chunk in chunks(idx, mbs[m], budgets[m], toks):
+            parts = split_even(idx, split[m])
+            mine = parts[ctx.sub(m)]
+            toks = [tokens_of(samples[i]) for i in mine]
+            local: dict[int, Outputs] = {}
+            factor = 1.0 / ctx.tp.get(m, T)  # this member's share of a summed gradient
+            for chunk in chunks(mine, mbs[m], budgets[m], toks):
                 sub = [samples[i] for i in chunk]
-                ins = {
-                    p: [
-                        internal[p].get(samples[i]["id"]) if p in inside else ext[p][i]
-                        for i in chunk
-                    ]
-                    for p in sec.inputs
-                }
+                ins = {}
+                for p in sec.inputs:
+                    if p in inside:
+                        f = factor if exch[p] else 1.0
+                        ins[p] = [_scaled(internal[p].get(samples[i]["id"]), f) for i in chunk]
+                    else:
+                        f = factor if ext_sum else 1.0
+                        ins[p] = [_scaled(ext[p][i], f) for i in chunk]
                 with torch.no_grad() if sec.frozen else nullcontext():
                     got = sec.run(sub, ins)
                 for i, o in zip(chunk, got):
-                    internal[m][samples[i]["id"]] = o
-                    if m in leaving:
-                        outs[i].update({f"{m}{SEP}{k}": v for k, v in o.items()})
-                    if m in sinks:
-                        losses[i].append(o["loss"])
+                    local[samples[i]["id"]] = o
+            if exch[m] and idx:
+                ids = [[samples[i]["id"] for i in part] for part in parts]
+                trainable = grad_on and not sec.frozen
+                local, b = _exchange(local, ids, ctx, m, trainable)
+                if b is not None and rec is not None:
+                    rec.boundaries.append(b)
+            internal[m] = local
+            leave_f = 1.0 / T if exch[m] else 1.0  # every replica rank gets these gradients
+            for i in idx:
+                o = local[samples[i]["id"]]
+                if m in leaving:
+                    o2 = _scaled(o, leave_f)
+                    outs[i].update({f"{m}{SEP}{k}": v for k, v in o2.items()})
+                if m in sinks:
+                    losses[i].append(_scaled({"loss": o["loss"]}, leave_f)["loss"])
         if sinks:
             for i, ls in enumerate(losses):
                 outs[i]["loss"] = torch.stack(ls).sum() if ls else torch.zeros(())
+        if rec is not None:
+            pending.append(rec)
         return outs
+
+    def backward(tensors, grads):
+        """One group micro-batch's backward (micro-batches in forward order)."""
+        assert pending, "a colocated backward without its forward"
+        staged_backward(section.colocated, pending.pop(0), tensors, grads)
 
     def activates_on(sample):
         return any(secs[m].activated(sample) for m in members)
 
-    return Section(
+    section = Section(
         name,
         module,
         inputs=unit_inputs,
@@ -159,6 +398,9 @@ def _group_section(
         activates_on=activates_on,
         forward=forward,
     )
+    section.colocated = GroupContext(tp={m: 1 for m in members})
+    section.backward = backward
+    return section
 
 
 def _rewired(sec: Section, units: Mapping[str, list[str]], unit_inputs: Sequence[str]) -> Section:
@@ -234,4 +476,12 @@ class ColocatedOptimizer:
         return [g for _, _, _, opt in self.parts for g in opt.param_groups]
 
 
-__all__ = ["ColocatedModule", "ColocatedOptimizer", "chunks", "unit_graph"]
+__all__ = [
+    "ColocatedModule",
+    "ColocatedOptimizer",
+    "GroupContext",
+    "chunks",
+    "split_even",
+    "staged_backward",
+    "unit_graph",
+]

@@ -38,7 +38,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as dist
 
-from maestro.config import TrainConfig
+from maestro.config import TrainConfig, fmt_bytes, parse_bytes
 from maestro.costmodel import micro_batch_features
 from maestro.parallel import grads as pgrads
 from maestro.parallel.mesh import SectionLayout, build_section_mesh, section_layouts
@@ -123,12 +123,12 @@ def grads_finite(params: Sequence[torch.nn.Parameter]) -> bool:
 
 def _unit_layouts(config: TrainConfig, ranks: dict[str, list[int]]) -> dict[str, SectionLayout]:
     """Every unit's layout: a section's own (``section_layouts``), or a colocated group's
-    plain replicas over its ranks (its members' shared ``dp``)."""
+    replicas of ``T`` ranks (its members' largest ``tp``) over its ranks."""
     out = section_layouts(config)
     for u, ms in config.units().items():
         if len(ms) > 1:
-            sc = config.sections[ms[0]]
-            out[u] = SectionLayout(u, tuple(ranks[u]), sc.dp, sc.fsdp, sc.tp)
+            T = config.group_tp(u)
+            out[u] = SectionLayout(u, tuple(ranks[u]), len(ranks[u]) // T, 1, T)
     return {u: out[u] for u in ranks}
 
 
@@ -188,9 +188,15 @@ class MaestroWorker:
         self.section.module.to(device)
         self.group = None  # plain replicas: the flat gradient all-reduce's group
         self.mesh = None
+        #: a colocated group's per-member grids on this rank (``_group_comms``)
+        self.member_comm = None
         for spec in self.specs:  # every rank creates every group, in the same order
             sl = self.layouts[spec.name]
-            if sl.sharded:
+            if len(self.units[spec.name]) > 1:
+                made = self._group_comms(spec.name, device.type)
+                if spec.name == self.name:
+                    self.member_comm = made
+            elif sl.sharded:
                 m = build_section_mesh(sl, device.type)
                 if spec.name == self.name:
                     self.mesh = m
@@ -209,7 +215,12 @@ class MaestroWorker:
         #: the unit's parallel settings (a group's members share them)
         sc = self.unit_config = config.sections[self.members[0]]
         self.strategy = None
-        if lay.sharded:
+        #: per trainable member of a colocated group: ``(name, config, params, mesh,
+        #: gradient-sum group, sharded)``; see ``_reduce_member_grads``
+        self.member_parts: list = []
+        if self.member_comm is not None:
+            self._parallelize_members(config)
+        elif lay.sharded:
             from maestro.parallel.apply import parallelize_section
 
             bf16 = torch.bfloat16 if config.dtype == "bfloat16" else None
@@ -235,18 +246,19 @@ class MaestroWorker:
         #: ``(section config, parameters, optimizer)`` stepped after each step
         self.opt_parts: list = []
         if len(self.members) > 1:
+            from maestro.parallel.zero import ZeroOptimizer
             from maestro.runtime.colocated import ColocatedOptimizer
 
             parts = []
-            for m in self.members:
-                msc = config.sections[m]
-                if msc.frozen:
-                    continue
-                ps = [p for p in self.real_graph[m].module.parameters() if p.requires_grad]
-                parts.append((m, msc, ps, make_optimizer(msc, ps)))
+            for m, msc, ps, mesh, group, _ in self.member_parts:
+                if msc.zero and group is not None:
+                    opt = ZeroOptimizer(ps, lambda xs, c=msc: make_optimizer(c, xs), group)
+                else:
+                    opt = make_optimizer(msc, ps)
+                parts.append((m, msc, ps, opt))
+                self.opt_parts.append((msc, ps, opt, mesh))
             if parts:
                 self.optimizer = ColocatedOptimizer(parts)
-                self.opt_parts = [(msc, ps, opt) for _, msc, ps, opt in parts]
         elif self.trainable and sc.zero and lay.num_replicas > 1:
             from maestro.parallel.zero import ZeroOptimizer
 
@@ -256,7 +268,9 @@ class MaestroWorker:
         elif self.trainable:
             self.optimizer = make_optimizer(sc, self.params)
         if self.optimizer is not None and not self.opt_parts:
-            self.opt_parts = [(sc, self.params, self.optimizer)]
+            self.opt_parts = [(sc, self.params, self.optimizer, self.mesh)]
+        if config.max_memory is not None:
+            self._check_memory(parse_bytes(config.max_memory, "max_memory"))
         self.scheduler = resolve_scheduler(config.scheduler)
         #: what the scheduler estimates costs with (``runtime.costs``); fifo needs none
         self.cost_model = None
@@ -268,8 +282,13 @@ class MaestroWorker:
                 from maestro.plan.colocate import GroupedCostModel
 
                 mbs = {n: s.micro_batch_size for n, s in config.sections.items()}
+                splits = {
+                    m: config.group_tp(u) // config.sections[m].tp
+                    for u, ms in self.units.items()
+                    for m in ms
+                }
                 self.cost_model = GroupedCostModel(
-                    self.cost_model, config.section_specs(), self._groups(), mbs
+                    self.cost_model, config.section_specs(), self._groups(), mbs, splits
                 )
         #: forward-only micro-batches whose outputs may be in flight (sent, not yet received)
         self.max_in_flight = sc.max_in_flight if self.section.frozen else None
@@ -284,6 +303,115 @@ class MaestroWorker:
         self._batch_checked = False
         #: ``(batch fingerprint, schedule)`` of the last step
         self._schedule_cache: tuple[int, Schedule] | None = None
+
+    def _group_comms(self, unit: str, device_type: str) -> dict:
+        """A colocated group's process groups, created by every rank in the same order:
+        ``all`` (its ranks, when more than one), ``meshes`` (``member -> DeviceMesh`` of the
+        members at ``tp > 1``), ``replica`` (this rank's group replica, when ``T > 1``)."""
+        ranks = self.layout[unit]
+        cfg = self.config
+        T = cfg.group_tp(unit)
+        out: dict = {"all": None, "meshes": {}, "replica": None, "T": T}
+        if len(ranks) > 1:
+            out["all"] = dist.new_group(ranks)
+        for m in self.units[unit]:
+            msc = cfg.sections[m]
+            if msc.tp > 1:
+                lay = SectionLayout(m, tuple(ranks), msc.dp, msc.fsdp, msc.tp)
+                out["meshes"][m] = build_section_mesh(lay, device_type)
+        if T > 1:
+            for j in range(len(ranks) // T):
+                g = dist.new_group(ranks[j * T : (j + 1) * T])
+                if self.rank in ranks[j * T : (j + 1) * T]:
+                    out["replica"] = g
+        return out
+
+    def _parallelize_members(self, config: TrainConfig) -> None:
+        """Each member of this rank's colocated group on its own grid: TP on its mesh,
+        recompute, and the group its gradients sum over (its ``dp`` replicas)."""
+        from maestro.parallel.apply import apply_recompute, parallelize_section, transformer_blocks
+
+        comm = self.member_comm
+        ranks = self.layout[self.name]
+        bf16 = torch.bfloat16 if config.dtype == "bfloat16" else None
+        for m in self.members:
+            msc = config.sections[m]
+            mesh = comm["meshes"].get(m)
+            sec = self.real_graph[m]
+            if mesh is not None:
+                lay = SectionLayout(m, tuple(ranks), msc.dp, msc.fsdp, msc.tp)
+                st = parallelize_section(
+                    sec, msc, lay, mesh, mixed_precision=bf16, where=f"sections.{m}"
+                )
+                group = st.dp_group
+            else:
+                if msc.recompute and not msc.frozen:
+                    apply_recompute(transformer_blocks(sec.module), f"sections.{m}")
+                group = comm["all"]
+            if msc.frozen:
+                continue
+            ps = [p for p in sec.module.parameters() if p.requires_grad]
+            self.member_parts.append((m, msc, ps, mesh, group, mesh is not None))
+        from maestro.runtime.colocated import GroupContext
+
+        T = comm["T"]
+        self.section.colocated = GroupContext(
+            T=T,
+            tp={m: config.sections[m].tp for m in self.members},
+            index=ranks.index(self.rank) % T,
+            group=comm["replica"],
+        )
+
+    @property
+    def staged(self) -> bool:
+        """Whether this unit is a colocated group whose replica spans several ranks (its
+        backward is staged: ``maestro.runtime.colocated.staged_backward``)."""
+        ctx = getattr(self.section, "colocated", None)
+        return ctx is not None and ctx.T > 1
+
+    def _backward(self, tensors, grads) -> None:
+        """One micro-batch's backward from ``tensors`` (with ``grads``)."""
+        if self.staged:
+            self.section.backward(tensors, grads)
+        elif tensors:
+            torch.autograd.backward(tensors, grads)
+
+    def _reduce_member_grads(self) -> None:
+        """Sum each trainable colocated member's gradients over its own replicas."""
+        for _, _, ps, mesh, group, _ in self.member_parts:
+            if group is None:
+                continue
+            if mesh is not None:
+                pgrads.allreduce_grads(ps, group)
+            else:
+                flat_allreduce_grads(ps, group)
+
+    def predicted_memory(self) -> dict[str, int]:
+        """``section -> bytes`` of training state this rank will hold (its section, or every
+        member of its colocated group): ``parallel.memory.predicted_state_bytes``."""
+        from maestro.parallel.memory import predicted_state_bytes
+
+        out = {}
+        for m, module, opt, _ in self._member_states():
+            msc = self.config.sections[m]
+            # ZeRO-1 shards the optimizer state over the section's dp replicas
+            zero = msc.dp if msc.zero else 1
+            out[m] = predicted_state_bytes(
+                module.parameters(), opt, trainable=not msc.frozen, zero=zero
+            )
+        return out
+
+    def _check_memory(self, budget: int) -> None:
+        """``ValueError`` (one line) when this rank's sections do not fit ``max_memory``."""
+        per = self.predicted_memory()
+        total = sum(per.values())
+        if total > budget:
+            parts = ", ".join(f"{m} {fmt_bytes(b)}" for m, b in per.items())
+            raise ValueError(
+                f"max_memory: rank {self.rank} ({self.name}) needs {fmt_bytes(total)} of "
+                f"training state ({parts}), over the budget of {fmt_bytes(budget)}; give it "
+                f"more ranks (dp, tp, fsdp, zero) or raise max_memory"
+            )
 
     def _groups(self) -> list[tuple[str, ...]]:
         """The layout's partition of the sections (``maestro.plan.colocate``'s groups)."""
@@ -419,7 +547,7 @@ class MaestroWorker:
                         if f is not None:
                             per[i] = per[i] * f
                     loss = torch.stack(per).sum() / norm
-                    loss.backward()
+                    self._backward([loss], [None])
                 loss_total += loss.item()
                 self._send_input_grads(received, schedule, tag_grad, step)
             elif self.trainable:
@@ -449,8 +577,7 @@ class MaestroWorker:
                             tensors.append(t)
                             grads.append(torch.zeros_like(t))
             with tr.span(f"{self.name} bwd", "backward", mb=k, step=step):
-                if tensors:
-                    torch.autograd.backward(tensors, grads)
+                self._backward(tensors, grads)
             self._send_input_grads(received, schedule, tag_grad, step)
         with tr.span("flush sends", "wait"):
             self.transport.flush(before_step=step)
@@ -462,7 +589,10 @@ class MaestroWorker:
             self.optimizer.zero_grad(set_to_none=True)
             return reported
         if self.optimizer is not None:
-            if self.group is not None:
+            if self.member_comm is not None:
+                with tr.span("all-reduce grads", "comm"):
+                    self._reduce_member_grads()
+            elif self.group is not None:
                 with tr.span("all-reduce grads", "comm"):
                     flat_allreduce_grads(self.params, self.group)
             elif self.dp_group is not None:
@@ -470,9 +600,9 @@ class MaestroWorker:
                     pgrads.allreduce_grads(self.params, self.dp_group)
             with tr.span("optimizer", "optimizer"):
                 # one part per section (a colocated group's members each clip and step alone)
-                for sc, params, opt in self.opt_parts:
-                    if self.strategy is not None:
-                        pgrads.clip_grads(params, sc.grad_clip, self.mesh)  # all shards
+                for sc, params, opt, mesh in self.opt_parts:
+                    if mesh is not None:
+                        pgrads.clip_grads(params, sc.grad_clip, mesh)  # all shards
                     else:
                         clip_grads(params, sc.grad_clip)
                     set_lr(opt, sc, step, self.config.steps)
@@ -503,6 +633,18 @@ class MaestroWorker:
         """``{section: (module state, optimizer state)}`` this rank writes: replica 0's TP
         leader, whole tensors in a single-rank run's format (``maestro.parallel.state``), so
         any layout can resume from it. Collective over the section's ranks when it shards."""
+        if self.member_comm is not None:
+            from maestro.parallel import state as pstate
+
+            # every rank of the group takes part (a TP member's tensors are DTensors)
+            out = {
+                m: (
+                    pstate.full_module_state(module),
+                    None if opt is None else pstate.full_optimizer_state(opt, params),
+                )
+                for m, module, opt, params in self._member_states()
+            }
+            return out if self.replica == 0 and self.leader else {}
         sharded = self.strategy is not None or self.optimizer_is_zero
         if not sharded:
             if self.replica != 0:
@@ -527,8 +669,18 @@ class MaestroWorker:
         opts = {m: (opt, ps) for m, _, ps, opt in self.optimizer.parts} if self.optimizer else {}
         return [(m, self.real_graph[m].module, *opts.get(m, (None, []))) for m in self.members]
 
-    def _layout_dict(self) -> dict:
-        sc = self.unit_config
+    @property
+    def _members_sharded(self) -> bool:
+        """Whether a member of this rank's colocated group holds sharded state (TP, ZeRO)."""
+        return (
+            any(
+                self.config.sections[m].tp > 1 or self.config.sections[m].zero for m in self.members
+            )
+            and len(self.members) > 1
+        )
+
+    def _layout_dict(self, member: str | None = None) -> dict:
+        sc = self.config.sections[member] if member is not None else self.unit_config
         return {"dp": sc.dp, "fsdp": sc.fsdp, "tp": sc.tp, "zero": sc.zero}
 
     def _checkpoint_group(self):
@@ -556,11 +708,24 @@ class MaestroWorker:
         if self.strategy is not None or self.optimizer_is_zero:
             pdcp.save_section(final, self.section.module, opt, self.params, group=group, layout=lay)
             return [self.name] if group is None or dist.get_rank(group) == 0 else []
+        if self._members_sharded:
+            for m, module, mopt, params in self._member_states():
+                pdcp.save_section(
+                    section_dir(d, next_step, m),
+                    module,
+                    mopt,
+                    params,
+                    group=group,
+                    layout=self._layout_dict(m),
+                )
+            return list(self.members) if dist.get_rank(group) == 0 else []
         if self.replica != 0:
             return []
         if len(self.members) > 1:
             for m, module, mopt, params in self._member_states():
-                pdcp.save_section(section_dir(d, next_step, m), module, mopt, params, layout=lay)
+                pdcp.save_section(
+                    section_dir(d, next_step, m), module, mopt, params, layout=self._layout_dict(m)
+                )
             return list(self.members)
         pdcp.save_section(final, self.section.module, opt, self.params, layout=lay)
         return [self.name]
@@ -622,12 +787,19 @@ class MaestroWorker:
                     opt,
                     params,
                     where=f"section {m!r}",
-                    layout=self._layout_dict(),
+                    layout=self._layout_dict(m),
                 )
                 continue
             st = ckpt.section(m)
             if opt is not None and st["optimizer"] is None:
                 raise ValueError(f"checkpoint has no optimizer state for section {m!r}")
+            if self._members_sharded:
+                from maestro.parallel import state as pstate
+
+                pstate.load_module_state(module, st["module"])
+                if opt is not None:
+                    pstate.load_optimizer_state(opt, params, st["optimizer"])
+                continue
             module.load_state_dict(st["module"])
             if opt is not None:
                 opt.load_state_dict(st["optimizer"])
@@ -659,6 +831,11 @@ class MaestroWorker:
     def state_dicts(self) -> dict[str, dict]:
         """``{section: state_dict}`` this rank saves (replica 0's TP leader), whole tensors;
         collective over the section's ranks when it shards."""
+        if self._members_sharded:
+            from maestro.parallel.state import full_module_state
+
+            out = {m: full_module_state(module) for m, module, _, _ in self._member_states()}
+            return out if self.replica == 0 and self.leader else {}
         if self.strategy is None:
             if self.replica != 0:
                 return {}

@@ -236,6 +236,9 @@ def _train(config, opts, rank, world, device) -> dict | None:
     dist.all_gather_object(all_totals, totals)
     # per rank: bytes of parameters, gradients and optimizer state (after the last step)
     mem = worker.state_bytes() if hasattr(worker, "state_bytes") else None
+    if mem is not None and hasattr(worker, "predicted_memory"):
+        # what the max_memory check predicted before the first step, per section
+        mem["predicted"] = worker.predicted_memory()
     all_mem = [None] * world
     dist.all_gather_object(all_mem, (worker.label, mem))
     if opts.trace is not None:
