@@ -60,7 +60,8 @@ def test_mllm_vision_split_beside_a_tensor_parallel_llm(tmp_path, scheduler):
 def test_max_memory_stops_a_group_that_does_not_fit(tmp_path):
     text = _set(mllm_colocated("fifo"), "llm", dp=1, tp=2)
     cfg = C.loads('max_memory = "2KiB"\n' + text)
-    with pytest.raises(ValueError, match=r"max_memory: rank [01] \(vision\+llm\) needs .* \(vision"):
+    msg = r"max_memory: rank [01] \(vision\+llm\) needs .* \(vision"
+    with pytest.raises(ValueError, match=msg):
         launch(cfg, 2, RunOptions(progress=False), timeout_s=120)
 
 
