@@ -110,9 +110,9 @@ class SectionConfig:
     block inputs and recompute the block's forward in the backward. Trainable sections only."""
     group: str | None = None
     """Colocated group: sections naming the same group share its ranks instead of owning
-    disjoint ones. Each member states its own grid over those ranks (``dp * tp`` equal for
-    all members; every member's ``tp`` divides the largest, ``T``; ``zero`` per member;
-    ``fsdp = 1``). A group replica is ``T`` ranks and runs every member on the same
+    disjoint ones. Each member states its own grid over those ranks (``dp * fsdp * tp`` equal
+    for all members; every member's ``tp`` divides the largest, ``T``; ``fsdp`` and ``zero``
+    per member). A group replica is ``T`` ranks and runs every member on the same
     samples, one member after another, each on its own micro-batches (``micro_batch_size``,
     ``token_budget``); a member at ``tp < T`` splits the replica's samples over ``T / tp``
     sub-replicas and the replica then all-gathers its outputs (e.g. on 8 ranks a vision
@@ -546,12 +546,6 @@ class TrainConfig:
                         f"the largest ({top}); {n} has tp = {sc.tp}"
                     )
                 for f, ok, why in (
-                    (
-                        "fsdp",
-                        sc.fsdp == 1,
-                        "FSDP inside a colocated group is not supported "
-                        "yet (members run several chunks per backward); use dp, tp or zero",
-                    ),
                     (
                         "max_in_flight",
                         sc.max_in_flight is None,

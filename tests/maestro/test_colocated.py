@@ -76,8 +76,8 @@ def test_the_whole_model_in_one_group_takes_the_largest_member_micro_batch():
 def test_members_share_the_group_ranks_each_on_its_own_grid():
     with pytest.raises(ValueError, match=r"sections\.llm: members of group 'g' share its ranks"):
         cfg(vdp=1, vextra='group = "g"', lextra='group = "g"')
-    with pytest.raises(ValueError, match=r"sections\.vision\.fsdp: FSDP inside a colocated"):
-        cfg(vdp=1, vextra='group = "g"\nfsdp = 2', lextra='group = "g"')
+    # FSDP ranks are data parallel: vision at fsdp = 2 fills the llm's dp = 2
+    assert cfg(vdp=1, vextra='group = "g"\nfsdp = 2', lextra='group = "g"').world_size == 3
     # vision at dp = 2 beside the LLM at tp = 2: one group replica of two ranks
     c = cfg(vextra='group = "g"', lextra='group = "g"\ntp = 2', ldp=1)
     assert c.group_tp("vision+llm") == 2

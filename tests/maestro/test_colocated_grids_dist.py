@@ -74,6 +74,29 @@ def test_mllm_four_ranks_vision_dp4_zero_beside_llm_tp2_dp2(tmp_path):
     assert cfg.unit_layout() == {"vision+llm": [0, 1, 2, 3]}
 
 
+@pytest.mark.parametrize("scheduler", ["fifo", "wavefront"])
+def test_kd_frozen_teacher_beside_an_fsdp_student(tmp_path, scheduler):
+    """2 ranks: the frozen teacher at dp = 2 beside the student at fsdp = 2; replicas run
+    different numbers of student chunks, so FSDP's lockstep needs zero-weight ones."""
+    text = _set(kd_colocated(scheduler), "student", dp=1, fsdp=2)
+    _run(text, 2, tmp_path, ["student"])
+
+
+def test_mllm_fsdp_vision_beside_a_tensor_parallel_llm(tmp_path):
+    """2 ranks: vision at fsdp = 2 (sharded, each rank half the samples) beside the llm at
+    tp = 2."""
+    text = _set(mllm_colocated("wavefront"), "vision", dp=1, fsdp=2)
+    text = _set(text, "llm", dp=1, tp=2)
+    _run(text, 2, tmp_path, ["vision", "llm"])
+
+
+def test_mllm_both_members_fsdp(tmp_path):
+    """2 ranks: vision and llm both at fsdp = 2 (two FSDP meshes over the same ranks)."""
+    text = _set(mllm_colocated("fifo"), "vision", dp=1, fsdp=2)
+    text = _set(text, "llm", dp=1, fsdp=2)
+    _run(text, 2, tmp_path, ["vision", "llm"])
+
+
 def test_an_outside_producer_feeds_a_split_member(tmp_path):
     """vision (1 rank) feeds audio (dp = 2, split) + llm (tp = 2) colocated on 2 ranks: the
     audio's input gradients are summed over the replica before they go back to vision."""

@@ -108,6 +108,14 @@ class GroupContext:
     tp: dict[str, int] = field(default_factory=dict)
     index: int = 0
     group: object = None
+    #: a member shards with FSDP: every member's outputs cross an exchange (so each autograd
+    #: pass holds one member's FSDP collectives) and FSDP members run ``targets`` chunks
+    fsdp: bool = False
+    #: ``member -> chunks`` every rank of an FSDP member runs in the coming micro-batch
+    #: (its real chunks, then zero-weight ones on ``fallback``; set before each forward)
+    targets: dict[str, int] = field(default_factory=dict)
+    #: ``member -> a sample of the step that activates it`` (for zero-weight chunks)
+    fallback: dict[str, dict] = field(default_factory=dict)
 
     def splits(self, member: str) -> int:
         """Sub-replicas of ``member`` per group replica (``T / tp``)."""
@@ -155,10 +163,10 @@ def _scaled(o: Outputs | None, factor: float) -> Outputs | None:
 
 @dataclass
 class _Boundary:
-    """One exchange of a micro-batch: per float dtype ``(gathered leaf, local flat, offset of
-    this rank's part in the leaf)``."""
+    """One exchange of a micro-batch: per float dtype ``(gathered leaf, offset of this rank's
+    part in the leaf, this rank's ``(chunk, output)`` in leaf order)``."""
 
-    parts: list[tuple[torch.Tensor, torch.Tensor, int]]
+    parts: list[tuple[torch.Tensor, int, list[tuple[int, torch.Tensor]]]]
 
 
 @dataclass
@@ -166,8 +174,12 @@ class _Record:
     """What a group micro-batch's staged backward needs: its exchanges in forward order and
     the received inputs whose gradients the replica sums."""
 
-    boundaries: list[_Boundary] = field(default_factory=list)
+    boundaries: dict[str, _Boundary] = field(default_factory=dict)
     external: list[torch.Tensor] = field(default_factory=list)
+    #: ``member -> outputs of each zero-weight chunk`` (FSDP lockstep), run back with zeros
+    dummies: dict[str, list[list[torch.Tensor]]] = field(default_factory=dict)
+    #: members in forward (topological) order
+    order: list[str] = field(default_factory=list)
 
 
 def _exchange(
@@ -176,24 +188,28 @@ def _exchange(
     ctx: GroupContext,
     member: str,
     grad: bool,
+    chunk_of: Mapping[int, int],
 ) -> tuple[dict[int, Outputs], _Boundary | None]:
     """Every part's outputs on every rank of the replica.
 
     ``local`` holds this rank's part (``parts[ctx.sub(member)]``, sample ids). Floating
     tensors travel as one flat buffer per dtype (an all-gather, padded); the rest, with the
     shapes, as objects. With ``grad``, the gathered floats are leaves that collect the
-    consumers' gradients for ``staged_backward``.
+    consumers' gradients for ``staged_backward`` (``chunk_of``: this rank's sample id ->
+    the chunk that computed it).
     """
     s, mine = len(parts), ctx.sub(member)
     tp = ctx.tp[member]
     meta, small = [], {}
     flats: dict[torch.dtype, list[torch.Tensor]] = {}
+    entries: dict[torch.dtype, list[tuple[int, torch.Tensor]]] = {}
     for sid in parts[mine]:
         for key in sorted(local[sid]):
             v = local[sid][key]
             if isinstance(v, torch.Tensor) and v.is_floating_point():
                 meta.append((sid, key, tuple(v.shape), v.dtype))
                 flats.setdefault(v.dtype, []).append(v.reshape(-1))
+                entries.setdefault(v.dtype, []).append((chunk_of[sid], v))
             else:
                 small[(sid, key)] = v
     local_flat = {d: torch.cat(ts) for d, ts in flats.items()}
@@ -226,7 +242,7 @@ def _exchange(
         if grad:
             full.requires_grad_(True)
         offset = sum(sizes[k][d] for k in range(mine)) if s > 1 else 0
-        parts_out.append((full, mine_flat, offset))
+        parts_out.append((full, offset, entries.get(d, [])))
         off = 0
         for w in who:
             for sid, key, shape, dt in w[0]:
@@ -252,13 +268,36 @@ def staged_backward(
         torch.autograd.backward(list(tensors), list(grads))
     if rec is None:
         return
-    for b in reversed(rec.boundaries):
-        for full, local_flat, offset in b.parts:
+    for m in reversed(rec.order):
+        per: dict[int, tuple[list, list]] = {}  # chunk -> (outputs, their gradients)
+        b = rec.boundaries.get(m)
+        for full, offset, entries in b.parts if b is not None else ():
             g = full.grad if full.grad is not None else torch.zeros_like(full)
-            dist.all_reduce(g, op=dist.ReduceOp.SUM, group=ctx.group)
-            n = local_flat.numel()
-            if n and local_flat.requires_grad:
-                torch.autograd.backward([local_flat], [g[offset : offset + n]])
+            if ctx.group is not None:
+                dist.all_reduce(g, op=dist.ReduceOp.SUM, group=ctx.group)
+            off = offset
+            for c, t in entries:
+                n = t.numel()
+                if t.requires_grad:
+                    ts, gs = per.setdefault(c, ([], []))
+                    ts.append(t)
+                    gs.append(g[off : off + n].view_as(t))
+                off += n
+        for j, outs in enumerate(rec.dummies.get(m, ())):
+            per[-1 - j] = (outs, [torch.zeros_like(t) for t in outs])
+        if not ctx.fsdp:  # one pass for the member (TP ranks hold identical graphs)
+            per = {
+                0: (
+                    [t for ts, _ in per.values() for t in ts],
+                    [g for _, gs in per.values() for g in gs],
+                )
+            }
+        # with FSDP one pass per chunk, last first: within a chunk's chain of blocks the
+        # order of FSDP's gathers and reduce-scatters is fixed, across chunks it is not
+        for c in sorted(per, reverse=True):
+            ts, gs = per[c]
+            if ts:
+                torch.autograd.backward(ts, gs)
     if rec.external:
         flat = torch.cat(
             [
@@ -322,11 +361,12 @@ def _group_section(
         split = {m: ctx.splits(m) for m in members}
         # an exchange where a producer's and a consumer's parts differ
         exch = {
-            m: split[m] > 1 or any(split[c] > 1 for c in internal_consumers[m]) for m in members
+            m: ctx.fsdp or split[m] > 1 or any(split[c] > 1 for c in internal_consumers[m])
+            for m in members
         }
         ext_sum = T > 1 and any(split[m] > 1 for m in ext_readers)
         grad_on = torch.is_grad_enabled() and not all(real[m].frozen for m in members)
-        rec = _Record() if grad_on and T > 1 else None
+        rec = _Record(order=list(members)) if grad_on and (T > 1 or ctx.fsdp) else None
         ext = _decode(inputs, units)
         if rec is not None and ext_sum:
             for p in sorted(inputs):
@@ -346,7 +386,9 @@ def _group_section(
             toks = [tokens_of(samples[i]) for i in mine]
             local: dict[int, Outputs] = {}
             factor = 1.0 / ctx.tp.get(m, T)  # this member's share of a summed gradient
-            for chunk in chunks(mine, mbs[m], budgets[m], toks):
+            chunk_of: dict[int, int] = {}
+            for c, chunk in enumerate(chunks(mine, mbs[m], budgets[m], toks)):
+                chunk_of.update((samples[i]["id"], c) for i in chunk)
                 sub = [samples[i] for i in chunk]
                 ins = {}
                 for p in sec.inputs:
@@ -360,12 +402,23 @@ def _group_section(
                     got = sec.run(sub, ins)
                 for i, o in zip(chunk, got):
                     local[samples[i]["id"]] = o
+            done = len(chunks(mine, mbs[m], budgets[m], toks))
+            for _ in range(ctx.targets.get(m, 0) - done):
+                # FSDP lockstep: as many forwards (and backwards) as the busiest rank, on a
+                # sample of the step with its producers absent, contributing nothing
+                dummy = ctx.fallback[m]
+                with torch.no_grad() if sec.frozen else nullcontext():
+                    (o,) = sec.run([dummy], {p: [None] for p in sec.inputs})
+                if rec is not None and not sec.frozen:
+                    rec.dummies.setdefault(m, []).append(
+                        [v for v in o.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+                    )
             if exch[m] and idx:
                 ids = [[samples[i]["id"] for i in part] for part in parts]
                 trainable = grad_on and not sec.frozen
-                local, b = _exchange(local, ids, ctx, m, trainable)
+                local, b = _exchange(local, ids, ctx, m, trainable, chunk_of)
                 if b is not None and rec is not None:
-                    rec.boundaries.append(b)
+                    rec.boundaries[m] = b
             internal[m] = local
             leave_f = 1.0 / T if exch[m] else 1.0  # every replica rank gets these gradients
             for i in idx:
@@ -400,6 +453,8 @@ def _group_section(
     )
     section.colocated = GroupContext(tp={m: 1 for m in members})
     section.backward = backward
+    #: the members as the group runs them (the executor parallelizes these in place)
+    section.member_sections = secs
     return section
 
 

@@ -316,7 +316,7 @@ class MaestroWorker:
             out["all"] = dist.new_group(ranks)
         for m in self.units[unit]:
             msc = cfg.sections[m]
-            if msc.tp > 1:
+            if msc.tp > 1 or msc.fsdp > 1:
                 lay = SectionLayout(m, tuple(ranks), msc.dp, msc.fsdp, msc.tp)
                 out["meshes"][m] = build_section_mesh(lay, device_type)
         if T > 1:
@@ -337,7 +337,8 @@ class MaestroWorker:
         for m in self.members:
             msc = config.sections[m]
             mesh = comm["meshes"].get(m)
-            sec = self.real_graph[m]
+            # the group's own Section of the member: FSDP routes its forward through a root
+            sec = self.section.member_sections[m]
             if mesh is not None:
                 lay = SectionLayout(m, tuple(ranks), msc.dp, msc.fsdp, msc.tp)
                 st = parallelize_section(
@@ -360,14 +361,50 @@ class MaestroWorker:
             tp={m: config.sections[m].tp for m in self.members},
             index=ranks.index(self.rank) % T,
             group=comm["replica"],
+            fsdp=any(config.sections[m].fsdp > 1 for m in self.members),
         )
 
     @property
     def staged(self) -> bool:
-        """Whether this unit is a colocated group whose replica spans several ranks (its
-        backward is staged: ``maestro.runtime.colocated.staged_backward``)."""
+        """Whether this unit is a colocated group whose replica spans several ranks or
+        that holds FSDP members (its backward is staged:
+        ``maestro.runtime.colocated.staged_backward``)."""
         ctx = getattr(self.section, "colocated", None)
-        return ctx is not None and ctx.T > 1
+        return ctx is not None and (ctx.T > 1 or ctx.fsdp)
+
+    def _lockstep(self, batch, active, schedule: Schedule | None, k: int) -> None:
+        """Before micro-batch ``k`` of a colocated group with FSDP members: how many chunks
+        each FSDP member runs on every rank (the most any rank of the group has, counted
+        from the schedule every rank holds), so FSDP's collectives stay in step."""
+        ctx = getattr(self.section, "colocated", None)
+        if ctx is None or not ctx.fsdp:
+            return
+        from maestro.runtime.colocated import chunks, split_even
+
+        secs = self.section.member_sections
+        fs = [m for m in self.members if self.config.sections[m].fsdp > 1]
+        if k == 0 or not ctx.fallback:
+            ctx.fallback = {
+                m: next((smp for smp in batch if secs[m].activated(smp)), None) for m in fs
+            }
+        pad = next(smp for smp in batch if self.name in active[smp["id"]])
+        reps = schedule.order[self.name]
+        ctx.targets = {}
+        for m in fs:
+            msc = self.config.sections[m]
+            most = 0
+            for rep in reps:
+                samples = [batch[i] for i in rep[k].sample_ids] if k < len(rep) else [pad]
+                idx = [i for i, smp in enumerate(samples) if secs[m].activated(smp)]
+                for part in split_even(idx, ctx.splits(m)):
+                    toks = [self._tokens(samples[i]) for i in part]
+                    n = len(chunks(part, msc.micro_batch_size, msc.token_budget, toks))
+                    most = max(most, n)
+            ctx.targets[m] = most
+
+    def _tokens(self, sample) -> float:
+        """A sample's tokens, as the colocated group's forward chunks by them."""
+        return float(self.workload.sample_cost(sample).get("tokens", 1.0))
 
     def _backward(self, tensors, grads) -> None:
         """One micro-batch's backward from ``tensors`` (with ``grads``)."""
@@ -445,6 +482,7 @@ class MaestroWorker:
         """
         sample = next(s for s in batch if self.name in active[s["id"]])
         ins = {p: [None] for p in self.section.inputs}
+        self._lockstep(batch, active, self._step_schedule, k)
         with self.tracer.span(f"{self.name} pad fwd", "forward", mb=k, step=step):
             with torch.inference_mode() if self.section.frozen else nullcontext():
                 outs = self.section.run([sample], ins)
@@ -452,7 +490,7 @@ class MaestroWorker:
             return None
         if self.graph.is_sink(self.name):
             with self.tracer.span(f"{self.name} pad bwd", "backward", mb=k, step=step):
-                (outs[0]["loss"] * 0.0).backward()
+                self._backward([outs[0]["loss"] * 0.0], [None])
             return None
         return outs
 
@@ -498,6 +536,11 @@ class MaestroWorker:
         self.last_ids = [sid for mb in mine for sid in mb.sample_ids] if self.leader else []
         self.last_skipped = False
         pad = self.strategy is not None and self.strategy.pad
+        ctx = getattr(sec, "colocated", None)
+        pad = pad or (ctx is not None and ctx.fsdp)  # FSDP members inside a group
+        self._step_schedule = schedule
+        if ctx is not None:
+            ctx.fallback = {}
         num_pad = max(len(r) for r in schedule.order[self.name]) - len(mine) if pad else 0
         for k, mb in enumerate(mine):
             ids = mb.sample_ids
@@ -523,6 +566,7 @@ class MaestroWorker:
                 with tr.span("run-ahead bound", "wait", mb=k):
                     self.transport.limit_in_flight(self.max_in_flight)
             feats = micro_batch_features(cost[i] for i in ids)
+            self._lockstep(batch, active, schedule, k)
             with tr.span(f"{self.name} fwd", "forward", mb=k, step=step, feats=feats):
                 with torch.inference_mode() if sec.frozen else nullcontext():
                     outs = sec.run([batch[i] for i in ids], ins)
@@ -671,13 +715,10 @@ class MaestroWorker:
 
     @property
     def _members_sharded(self) -> bool:
-        """Whether a member of this rank's colocated group holds sharded state (TP, ZeRO)."""
-        return (
-            any(
-                self.config.sections[m].tp > 1 or self.config.sections[m].zero for m in self.members
-            )
-            and len(self.members) > 1
-        )
+        """Whether a member of this rank's colocated group holds sharded state (FSDP, TP,
+        ZeRO)."""
+        secs = [self.config.sections[m] for m in self.members]
+        return len(secs) > 1 and any(sc.tp > 1 or sc.fsdp > 1 or sc.zero for sc in secs)
 
     def _layout_dict(self, member: str | None = None) -> dict:
         sc = self.config.sections[member] if member is not None else self.unit_config
