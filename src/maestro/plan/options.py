@@ -207,7 +207,7 @@ class Plan:
                 inner = " ".join(
                     f"{m}:{p.micro_batch_size}{'rc' if p.recompute else ''}" for m, p in mem
                 )
-                parts.append(f"[{s.group}] dp={s.dp} tp={s.tp} mbs {inner}")
+                parts.append(f"[{s.group}] {s.strategy_label()} mbs {inner}")
         return ("monolithic: " if self.monolithic else "") + ", ".join(parts)
 
 

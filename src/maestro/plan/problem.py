@@ -313,7 +313,8 @@ def _fit(p: _Problem, mem_one: float, shard: float, held: float, width: int):
 
 @dataclass
 class _GroupOption:
-    """A colocated group's option: one tp, each member's own (mbs, recompute) option."""
+    """A colocated group's option: one (tp, fsdp) grid, each member's own (mbs, recompute)
+    option."""
 
     tp: int
     members: dict[str, _Option]
@@ -327,7 +328,8 @@ class _GroupOption:
 
     @property
     def width(self) -> int:
-        return self.tp
+        """Ranks one more replica group takes: ``fsdp * tp``."""
+        return self.fsdp * self.tp
 
 
 @dataclass
@@ -371,14 +373,16 @@ def _group_options(p: _Problem, u: _Unit, member_opts: dict[str, list[_Option]])
         for n in p.sections[c].inputs
         if n in u.members
     }
-    for tp in p.tps:
+    grids = sorted({(o.tp, o.fsdp) for n in u.members for o in member_opts[n]})
+    for tp, f in grids:
         choices = []
         for n in u.members:
-            # colocated groups (not runnable; --colocate) keep the global ZeRO-1 choice in
-            # their memory (_shard_bytes below) and no FSDP: one option per (mbs, recompute)
+            # a group's members share its (tp, fsdp) grid here (the runtime also runs members
+            # on grids of their own); without FSDP the group keeps the global ZeRO-1 choice
+            # in its memory (_shard_bytes below): one option per (mbs, recompute)
             os_, seen = [], set()
             for o in member_opts[n]:
-                if o.tp == tp and o.fsdp == 1 and (o.mbs, o.recompute) not in seen:
+                if o.tp == tp and o.fsdp == f and (o.mbs, o.recompute) not in seen:
                     seen.add((o.mbs, o.recompute))
                     os_.append(o)
             choices.append(sorted(os_, key=lambda o: o.work)[: p.opts.keep_per_section])
@@ -403,8 +407,9 @@ def _group_options(p: _Problem, u: _Unit, member_opts: dict[str, list[_Option]])
                         continue
                     total = micro_batch_features(p.costs[n])
                     fixed = cm.memory_bytes(n, {"samples": 1.0}, True)
-                    held += cm.memory_bytes(n, total, True) - fixed
-            got = _fit(p, mem, sum(_shard_bytes(p, n, tp) for n in u.members), held, tp)
+                    held += (cm.memory_bytes(n, total, True) - fixed) / f
+            shard = sum(_shard_bytes(p, n, tp) for n in u.members) if f == 1 else 0.0
+            got = _fit(p, mem, shard, held, tp * f)
             if got is None:
                 continue
             min_dp, mem = got
@@ -418,6 +423,7 @@ def _group_options(p: _Problem, u: _Unit, member_opts: dict[str, list[_Option]])
                     sum(o.bwd_mb for o in combo),
                     min_dp,
                     mem,
+                    f,
                 )
             )
     return out

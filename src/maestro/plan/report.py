@@ -230,7 +230,6 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str = "balan
     d = wl.config.to_dict()
     secs = d.pop("sections")
     work = d.pop("workload")
-    _check_groups_runnable(plan)
     if plan.monolithic:
         sp = next(iter(plan.sections.values()))
         d["monolithic_micro_batch_size"] = sp.micro_batch_size
@@ -301,7 +300,6 @@ def scenario_run_config(
 
     sc = wl.scenario
     assert sc is not None
-    _check_groups_runnable(plan)
     audio = 0.15 * (1 - sc.text_only) / 0.6
     name, job_cfg = scenario_job(sc.name, sc.text_only, audio)
     secs = dict(plan.sections)
@@ -379,7 +377,7 @@ def scenario_run_config(
                 "dp": sp.dp,
                 "fsdp": sp.fsdp,
                 "tp": sp.tp,
-                "zero": sp.zero if not frozen[n] and not sp.group else 0,
+                "zero": sp.zero if not frozen[n] and sp.fsdp == 1 else 0,
                 "recompute": sp.recompute and not frozen[n],
                 "group": sp.group or None,
             }
@@ -389,20 +387,6 @@ def scenario_run_config(
             t["frozen"] = True
         lines += [""] + _table(f"sections.{n}", t)
     return "\n".join(lines) + "\n"
-
-
-def _check_groups_runnable(plan: Plan) -> None:
-    """``ValueError`` for a colocated group the runtime cannot run yet (one with ``tp`` or
-    ``fsdp`` above 1: ``maestro.runtime.colocated`` runs plain data-parallel replicas)."""
-    if plan.monolithic:
-        return
-    for sp in plan.sections.values():
-        if sp.group and (sp.tp > 1 or sp.fsdp > 1):
-            raise ValueError(
-                f"group {sp.group!r}: planned with tp = {sp.tp}, fsdp = {sp.fsdp}, but "
-                "maestro.runtime runs colocated groups as plain data-parallel replicas only "
-                "(plan with tp_choices 1, or without --colocate)"
-            )
 
 
 def layout_label(plan: Plan) -> str:
