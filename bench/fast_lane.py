@@ -32,6 +32,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -66,8 +67,10 @@ def parse_args(argv=None):
     p.add_argument(
         "--modes",
         default="pipeline,fast",
-        help="modes to compare: pipeline, fast, and either with a -1t suffix (the sampler "
-        "uses one thread per call instead of all cores)",
+        help="modes to compare: pipeline, fast (= staged), lanesNxT (N lanes x T torch "
+        "threads), each with optional suffixes -1t / -mt (sampling and gather calls on the "
+        "calling thread only / on helper threads too; lanes default to -1t) and -cap / -nocap "
+        "(adaptive batch cap on / off; lanes default to -cap); see bench/serving.py parse_mode",
     )
     p.add_argument("--out", default="data/fast-lane", help="output directory")
     return p.parse_args(argv)
@@ -120,6 +123,9 @@ def breakdown(rows: list[dict], trace: list[dict]) -> dict:
         for k, x in v.items():
             parts[k].append(x * 1e3)
     lat = np.array(parts["latency"])
+    # the tail: what the slowest 5% of requests spent their time on (what a p99 is made of)
+    tail = lat >= np.percentile(lat, 95)
+    tail_seeds = [by_fut[id(r["fut"])][0]["seeds"] for r in rows]
     return {
         "n": len(rows),
         "p50": float(np.percentile(lat, 50)),
@@ -128,6 +134,9 @@ def breakdown(rows: list[dict], trace: list[dict]) -> dict:
         "mean": float(lat.mean()),
         "parts_mean": {k: float(np.mean(parts[k])) for k in PARTS},
         "parts_p50": {k: float(np.median(parts[k])) for k in PARTS},
+        "parts_tail": {k: float(np.mean(np.asarray(parts[k])[tail])) for k in PARTS},
+        "tail_batch_seeds": float(np.mean(np.asarray(tail_seeds)[tail])),
+        "batch_seeds": float(np.mean(tail_seeds)),
         "lanes": lanes,
         "latencies": parts["latency"],
         "batches": len({id(by_fut[id(r["fut"])][0]) for r in rows}),
@@ -159,7 +168,7 @@ def back_to_back(engine, sizes=(1, 32, 64), reps: int = 20) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import serving as sv  # bench/serving.py: the same dataset, checkpoint and config
-    from quiver.serving import loadgen
+    from quiver.serving import Engine, loadgen
     from quiver.serving.server import Server
 
     load_start = os.getloadavg()
@@ -183,33 +192,41 @@ def main(argv=None) -> int:
     mix = loadgen.RequestMix(engine.node_count, int(lo), int(hi or lo))
     results: dict = {}
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m.removesuffix("-1t") not in ("pipeline", "fast")]
-    if bad:
-        raise SystemExit(f"unknown modes {bad}; use pipeline, fast, pipeline-1t, fast-1t")
-    cpu_sampler = getattr(engine.sampler, "sampler", engine.sampler)  # quiver.pyg wraps it
-    all_threads = cpu_sampler.num_threads
+    try:
+        specs = {m: sv.parse_mode(m) for m in modes}
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    all_threads = sv.default_call_threads(engine)
+    # one engine per mode over the same sampler, features and model (one runs at a time)
+    engines = {}
+    for mode, spec in specs.items():
+        mcfg = replace(cfg, **spec["cfg"])
+        engines[mode] = Engine(
+            engine.sampler, engine.features, engine.model, engine.node_count, mcfg,
+            fast_lane=spec["fast_lane"],
+        ).start()  # fmt: skip
 
-    def set_mode(mode: str) -> None:
-        engine.fast_lane = mode.startswith("fast")
-        cpu_sampler.num_threads = 1 if mode.endswith("-1t") else all_threads
+    def set_mode(mode: str):
+        sv.call_threads(engines[mode], specs[mode]["single_thread_calls"], all_threads)
+        return engines[mode]
 
     try:
         warm = mix.draw(20, seed=999)
         for mode in modes:
-            set_mode(mode)
+            eng = set_mode(mode)
             for nodes in warm:
-                engine.predict(nodes)
+                eng.predict(nodes)
         for i, rate in enumerate(rates):
             requests = mix.draw(args.requests, seed=args.seed + i)
             for rnd in range(args.rounds):
                 k = (i + rnd) % len(modes)  # rotate which mode goes first
                 for mode in modes[k:] + modes[:k]:
-                    set_mode(mode)
-                    engine.trace = []
+                    eng = set_mode(mode)
+                    eng.trace = []
                     time.sleep(0.5)  # idle between runs, as between arrivals
-                    rows = asyncio.run(open_loop(engine, requests, rate, args.seed + 100 + i))
-                    b = breakdown(rows, engine.trace)
-                    engine.trace = None
+                    rows = asyncio.run(open_loop(eng, requests, rate, args.seed + 100 + i))
+                    b = breakdown(rows, eng.trace)
+                    eng.trace = None
                     results.setdefault(rate, {}).setdefault(mode, []).append(b)
                     print(
                         f"rate {rate:4g}/s round {rnd} {mode:<11}: p50 {b['p50']:6.1f}  "
@@ -218,6 +235,8 @@ def main(argv=None) -> int:
                     )
         stages = back_to_back(engine)
     finally:
+        for eng in engines.values():
+            eng.stop()
         server.stop()
     load_end = os.getloadavg()
 
@@ -244,6 +263,11 @@ def main(argv=None) -> int:
                     )
                     for k in PARTS
                 },
+                "parts_tail": {
+                    k: float(np.mean([r["parts_tail"][k] for r in runs])) for k in PARTS
+                },
+                "tail_batch_seeds": float(np.mean([r["tail_batch_seeds"] for r in runs])),
+                "batch_seeds": float(np.mean([r["batch_seeds"] for r in runs])),
                 "lanes": {
                     k: sum(r["lanes"][k] for r in runs) for k in ("fast", "split", "pipeline")
                 },
@@ -254,6 +278,17 @@ def main(argv=None) -> int:
                 f"{agg['p99']:6.1f} {agg['mean']:6.1f} | "
                 + " ".join(f"{agg['parts_mean'][k]:6.2f}" for k in PARTS)
             )
+    print("\nthe slowest 5% of requests (what a p99 is made of), mean ms per part:")
+    print(
+        f"{'rate':>5} {'mode':<11} {'seeds':>6} {'tail':>6} | " + " ".join(f"{k:>6}" for k in PARTS)
+    )
+    for rate, by_mode in summary.items():
+        for mode, agg in by_mode.items():
+            print(
+                f"{rate:5g} {mode:<11} {agg['tail_batch_seeds']:6.0f} {agg['batch_seeds']:6.0f} | "
+                + " ".join(f"{agg['parts_tail'][k]:6.2f}" for k in PARTS)
+            )
+    print("(seeds: mean batch seeds of a tail request; tail: of any request)")
     print(f"\nratios {modes[0]} / other mode (> 1: the other mode is faster):")
     for rate, m in summary.items():
         p = m[modes[0]]

@@ -1,21 +1,30 @@
-"""Serving benchmark (issue 5): Quiver's engine against PyG and DGL serving, same graph, same
-trained weights, same requests, one rate sweep each. (Benchmark, not a test.)
+"""Serving benchmark (issues 5 and 20): Quiver's engine against PyG and DGL serving, same graph,
+same trained weights, same requests, each system at its best configuration. (Benchmark, not a
+test.)
 
-    .venv/bin/python bench/serving.py                                  # products-like
-    .venv/bin/python bench/serving.py --preset products-like --scale 200000 --duration 3
+    .venv/bin/python bench/serving.py --runs 3            # products-like, median of 3 runs
+    .venv/bin/python bench/serving.py --quick             # one shorter run, fewer configurations
+    .venv/bin/python bench/serving.py --preset products-like --scale 200000 --quick
 
-Steps, every one bounded in count and time:
+Steps, every one bounded in count and time (the expected duration is printed first):
 1. dataset: reuse `--data` (default `data/<preset>[-<scale>]`) or generate it;
 2. checkpoint: reuse `<data>/sage.pt` or train GraphSAGE (fanouts [15, 10, 5]) for a bounded
    number of steps; export its weights for DGL (`bench/baselines/export_weights.py`);
-3. check that both baselines compute Quiver's logits exactly, on a graph whose in-degrees are
-   below the fanouts (so sampling takes every neighbour and all three must agree);
-4. draw ONE request list per rate (sizes 1-64 uniform, uniform ids) and the same Poisson
-   arrival seed, shared by every system;
-5. sweep the rates: Quiver in-process (Engine), then each baseline in its own env and process
-   (`.bench-env/pyg`, `.bench-env/dgl`), one system at a time, each with 1 and 2 workers;
-6. print one table, sustained throughput at p99 <= SLO, the ratios, per-stage times; write
-   CSV, a latency-vs-throughput PNG and a JSON summary under `--out`.
+3. check that both baselines compute Quiver's logits exactly (fp32), on a graph whose
+   in-degrees are below the fanouts (so sampling takes every neighbour and all three agree);
+4. per run, every system in turn (the order rotates between runs), each over its
+   configurations: Quiver in-process over `--quiver-configs` (staged pipeline, lanes) at
+   `--precision` (auto by default), each baseline in its own env and process
+   (`.bench-env/pyg`, `.bench-env/dgl`) over worker threads x intra-op threads
+   (`--baseline-configs`, 1x1, 1x2, 2x1 within 2 cores). Each configuration sweeps the coarse
+   rate grid, then each p99 bound's knee is bisected (`serving_common.next_probe`) on the
+   configurations that can still be the best, until the last passing and the first failing
+   rate are within `--tol`. The requests of a rate (sizes 1-64 uniform, uniform ids, Poisson
+   arrivals) depend only on the rate and `--seed`, so every system runs the same ones;
+5. per run: the best configuration of each system per bound and per light rate, the ratios;
+   over runs: the median of each ratio, and the issue's targets as PASS / FAIL lines. Every
+   table is printed with the CPU model and the load average. CSV, a latency-vs-throughput PNG
+   (first run) and a JSON summary go under `--out`.
 """
 
 from __future__ import annotations
@@ -23,11 +32,12 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,10 +46,26 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 BASELINES = REPO / "bench" / "baselines"
 sys.path.insert(0, str(BASELINES))
+sys.path.insert(0, str(REPO / "bench"))
 import serving_common as common  # noqa: E402
 
+from _machine import cpu_model  # noqa: E402
+
 FANOUTS = [15, 10, 5]
-BASELINE_TIMEOUT_S = 1800
+BASELINE_TIMEOUT_S = 3600
+#: The issue's targets: (figure, bound or rate, baseline, comparison, value).
+TARGETS = [
+    ("sustained", 30.0, "dgl", ">=", 3.0),
+    ("sustained", 30.0, "pyg", ">=", 10.0),
+    ("sustained", 100.0, "dgl", ">=", 3.0),
+    ("light", 2.0, "dgl", "<=", 0.5),
+    ("light", 4.0, "dgl", "<=", 0.5),
+    ("light", 8.0, "dgl", "<=", 0.5),
+    ("light", 16.0, "dgl", "<=", 0.5),
+]
+#: Seconds to start a system's process and load products-like (measured: imports, the graph
+#: and features read into RAM, the model), for the duration estimate.
+STARTUP_S = {"quiver": 40.0, "dgl": 25.0, "pyg": 25.0}
 
 
 def parse_args(argv=None):
@@ -49,8 +75,8 @@ def parse_args(argv=None):
     p.add_argument("--data", help="prepared dataset dir (default data/<preset>[-<scale>])")
     p.add_argument("--checkpoint", help="checkpoint (default <data>/sage.pt, trained if absent)")
     p.add_argument("--train-steps", type=int, default=200, help="training steps if training (200)")
-    p.add_argument("--rates", default="2,4,8,16,32,64,128", help="requests/s to sweep")
-    p.add_argument("--duration", type=float, default=8.0, help="seconds of arrivals per rate (8)")
+    p.add_argument("--rates", default="2,4,8,16,32,64,128", help="coarse rate grid, requests/s")
+    p.add_argument("--duration", type=float, default=6.0, help="seconds of arrivals per rate (6)")
     p.add_argument("--max-requests", type=int, default=6000, help="cap per rate (6000)")
     p.add_argument(
         "--min-requests", type=int, default=40, help="floor per rate, for a p99 at low rates (40)"
@@ -59,14 +85,45 @@ def parse_args(argv=None):
     p.add_argument("--slo-ms", type=float, default=30.0, help="p99 SLO (30 ms)")
     p.add_argument(
         "--extra-slos",
-        default="",
-        help="also report sustained throughput at these p99 bounds (ms), e.g. 300,1000 when "
-        "the machine is shared and no system can meet the SLO",
+        default="100",
+        help="more p99 bounds (ms) to find each system's sustained rate at (default 100, a "
+        "target's bound); e.g. 50,100,300,1000 when the machine is shared",
+    )
+    p.add_argument("--tol", type=float, default=0.10, help="bisect a knee to within 10%% (0.10)")
+    p.add_argument(
+        "--refine-steps", type=int, default=3, help="bisection probes per bound and config (3)"
+    )
+    p.add_argument("--runs", type=int, default=1, help="runs; ratios are their median (1)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="one run, 4 s per rate, a knee to within 20%%, Quiver's default configuration "
+        "only and baselines at 1x2,2x1: a smoke run of the whole benchmark (minutes)",
     )
     p.add_argument("--systems", default="quiver,pyg,dgl", help="which systems to run")
-    p.add_argument("--workers", default="1,2", help="baseline worker-pool sizes to run (1,2)")
-    # Quiver defaults tuned on the 2-core machine (see BENCHMARKS.md): the model stage bounds
-    # throughput, so it gets both cores' intra-op threads; one sampler worker suffices.
+    p.add_argument(
+        "--baseline-configs",
+        default="1x1,1x2,2x1",
+        help="baseline configurations, WORKERSxTHREADS (worker threads x intra-op threads "
+        "each); 2x2 puts 4 busy threads on 2 cores and is left out by default (1x1,1x2,2x1)",
+    )
+    p.add_argument(
+        "--quiver-configs",
+        default="staged,lanes2x1",
+        help="Quiver configurations: staged (batcher, --sampler-workers sampler threads, one "
+        "model thread with --torch-threads, fast lane when idle; stagedxT: T model threads), "
+        "pipeline[xT] (the same without the fast lane), lanesNxT (N lanes of T torch threads "
+        "each, ServeConfig.num_lanes, sampling and gather on the lane's thread); suffixes "
+        "-1t / -mt: sampling and gather on one / all cores, -cap / -nocap: adaptive batch "
+        "cap on / off (default: on with lanes) (staged,lanes2x1)",
+    )
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "fp32", "bf16"],
+        help="Quiver's serving precision (auto: measured on this CPU, see quiver serve)",
+    )
+    # Quiver's staged configuration as tuned on the 2-core machine (see BENCHMARKS.md)
     p.add_argument("--max-batch-nodes", type=int, default=256, help="Quiver batch seeds (256)")
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="Quiver batch wait (2 ms)")
     p.add_argument("--sampler-workers", type=int, default=1, help="Quiver sampler threads (1)")
@@ -74,7 +131,18 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="dataset, requests and sampling seed (0)")
     p.add_argument("--skip-verify", action="store_true", help="skip the equal-logits check")
     p.add_argument("--out", default="data/serving-bench", help="output directory")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.runs = 1
+        args.duration = min(args.duration, 4.0)
+        args.min_requests = min(args.min_requests, 30)
+        args.tol = max(args.tol, 0.20)
+        args.refine_steps = min(args.refine_steps, 2)
+        args.quiver_configs = args.quiver_configs.split(",")[0]
+        args.baseline_configs = "1x2,2x1"
+    if args.runs < 1:
+        p.error("--runs must be >= 1")
+    return args
 
 
 # ---- setup
@@ -206,36 +274,151 @@ def serve_config(args):
     )
 
 
-def run_quiver(args, data: Path, ckpt: Path, rates, requests, seeds, stop_ms: float) -> dict:
-    from quiver.serving import loadgen
-    from quiver.serving.server import Server
+def parse_mode(mode: str) -> dict:
+    """A Quiver configuration: ``staged`` (or ``fast``: staged threads, fast lane when idle),
+    ``pipeline`` (staged, no fast lane), either with ``xT`` for T model threads instead of
+    ``--torch-threads``, or ``lanesNxT`` (``num_lanes=N`` with T torch threads each).
+    Sampling and gather calls use helper threads (all cores) in the staged modes and only the
+    calling thread in lane modes, as ``Server.from_dataset`` sets them up; suffix ``-1t`` /
+    ``-mt`` picks one or the other. Suffix ``-cap`` / ``-nocap``: the adaptive batch cap on /
+    off (default: on with lanes, off staged, as ``ServeConfig.adaptive_batch``).
 
-    cfg = serve_config(args)
-    # every row in RAM (quiver.Feature's host tier, FAP order), as the baselines hold theirs
-    feature_bytes = (data / "features.npy").stat().st_size
-    server = Server.from_dataset(
-        data, ckpt, cfg, fanouts=FANOUTS, seed=args.seed, feature_cache=feature_bytes
-    ).start()
-    print(f"quiver: {server.info}; {cfg}")
-    try:
-        t0 = time.perf_counter()
-        results = common.run_sweep(
-            loadgen.engine_target(server.engine), rates, requests, seeds, stop_ms
+    Returns ``{"cfg": ServeConfig changes, "fast_lane": bool, "single_thread_calls": bool}``;
+    ValueError when malformed.
+    """
+    base, *flags = mode.split("-")
+    if set(flags) - {"1t", "mt", "cap", "nocap"} or {"1t", "mt"} <= set(flags):
+        raise ValueError(f"mode {mode!r}: unknown suffix; use -1t or -mt, -cap or -nocap")
+    if {"cap", "nocap"} <= set(flags):
+        raise ValueError(f"mode {mode!r}: -cap or -nocap, not both")
+    name, _, threads = base.partition("x")
+    spec = {"cfg": {}, "fast_lane": name != "pipeline"}
+    if name.startswith("lanes"):
+        n = name.removeprefix("lanes")
+        if not n.isdigit() or not (threads or "1").isdigit() or int(n) < 1:
+            raise ValueError(f"mode {mode!r}: write lanesNxT, e.g. lanes2x1")
+        spec["cfg"] = {"num_lanes": int(n), "torch_threads": int(threads or 1)}
+    elif name in ("staged", "fast", "pipeline"):
+        if threads:
+            if not threads.isdigit():
+                raise ValueError(f"mode {mode!r}: write {name}xT, e.g. {name}x1")
+            spec["cfg"] = {"torch_threads": int(threads)}
+    else:
+        raise ValueError(
+            f"unknown mode {mode!r}; use staged[xT], pipeline[xT] or lanesNxT (+ -1t, -mt, "
+            "-cap, -nocap)"
         )
-        stages = quiver_stage_ms(server.engine, requests[0], args.max_batch_nodes)
-    finally:
-        server.stop()
-    return {
-        "results": results,
-        "wall_s": time.perf_counter() - t0,
-        "stage_ms": stages,
-        "config": {**asdict(cfg), "feature_cache_bytes": feature_bytes},
-    }
+    if spec["cfg"].get("torch_threads", 1) < 1:
+        raise ValueError(f"mode {mode!r}: at least 1 torch thread")
+    spec["single_thread_calls"] = "1t" in flags or (base.startswith("lanes") and "mt" not in flags)
+    if "nocap" in flags or "cap" in flags:
+        spec["cfg"]["adaptive_batch"] = "cap" in flags
+    return spec
+
+
+def call_threads(engine, single: bool, all_threads: tuple[int, int]) -> None:
+    """Let the engine's sampling and gather calls use one thread (the caller) or
+    ``all_threads`` (sampler, gather) helper threads; ``Server.from_dataset`` sets the same
+    up for a lane engine. A benchmark switch between configurations sharing one sampler and
+    one feature store."""
+    sampler = getattr(engine.sampler, "sampler", engine.sampler)  # quiver.pyg wraps it
+    sampler.num_threads = 1 if single else all_threads[0]
+    gather = getattr(engine.features, "_gather", None)  # quiver.Feature's CPU gather
+    if gather is not None:
+        gather.num_threads = 1 if single else all_threads[1]
+
+
+def default_call_threads(engine) -> tuple[int, int]:
+    """``(sampler, gather)`` threads per call the engine was built with."""
+    sampler = getattr(engine.sampler, "sampler", engine.sampler)
+    gather = getattr(engine.features, "_gather", None)
+    return sampler.num_threads, gather.num_threads if gather is not None else 1
+
+
+class QuiverSystem:
+    """Quiver in-process: one dataset, checkpoint and model; one engine per configuration
+    over the same sampler, features and model (one serves at a time)."""
+
+    def __init__(self, args, data: Path, ckpt: Path, configs: list[str]):
+        from quiver.serving.server import Server
+
+        self.cfg = serve_config(args)
+        self.specs = {c: parse_mode(c) for c in configs}
+        # every row in RAM (quiver.Feature's host tier, FAP order), as the baselines hold theirs
+        self.feature_bytes = (data / "features.npy").stat().st_size
+        self.server = Server.from_dataset(
+            data,
+            ckpt,
+            self.cfg,
+            fanouts=FANOUTS,
+            seed=args.seed,
+            feature_cache=self.feature_bytes,
+            precision=args.precision,
+        )
+        self.server.engine.warmup()
+        self.all_threads = default_call_threads(self.server.engine)
+        self.engines: dict = {}
+        print(f"quiver: {self.server.info}")
+
+    def engine(self, label: str):
+        from quiver.serving import Engine
+
+        spec = self.specs[label]
+        if label not in self.engines:
+            base = self.server.engine
+            cfg = replace(self.cfg, **spec["cfg"])
+            self.engines[label] = Engine(
+                base.sampler, base.features, base.model, base.node_count, cfg,
+                fast_lane=spec["fast_lane"],
+            ).start()  # fmt: skip
+        call_threads(self.engines[label], spec["single_thread_calls"], self.all_threads)
+        return self.engines[label]
+
+    def search(self, plan) -> dict:
+        import asyncio
+
+        from quiver.serving import loadgen
+
+        t0 = time.perf_counter()
+
+        def activate(label: str, warmup: int):
+            engine = self.engine(label)
+            print(f"  configuration {label}: {engine.cfg}", flush=True)
+            send = loadgen.engine_target(engine)
+
+            async def warm():
+                reqs, _ = common.requests_for(plan, plan.rates[0])
+                for nodes in reqs[:warmup]:
+                    await send(nodes)
+
+            asyncio.run(warm())
+            return send
+
+        results = common.search_configs(list(self.specs), activate, plan, progress=print)
+        first = self.engine(next(iter(self.specs)))  # its call threads
+        torch.set_num_threads(first.cfg.torch_threads)  # and its model threads, on this one
+        reqs, _ = common.requests_for(plan, plan.rates[0])
+        return {
+            "results": results,
+            "wall_s": time.perf_counter() - t0,
+            "stage_ms": quiver_stage_ms(first, reqs, self.cfg.max_batch_nodes),
+            "config": {
+                "base": asdict(self.cfg),
+                "configs": {k: v["cfg"] for k, v in self.specs.items()},
+                "feature_cache_bytes": self.feature_bytes,
+                "info": self.server.info,
+            },
+        }
+
+    def close(self) -> None:
+        for e in self.engines.values():
+            e.stop()
+        self.server.stop()
 
 
 def quiver_stage_ms(engine, requests, batch_nodes: int, reps: int = 20) -> dict:
-    """Mean ms of each stage for one request (~32 seeds) and one full batch, run directly:
-    wall and (``*_cpu``) process CPU ms."""
+    """Mean ms of each stage for one request (~32 seeds) and one full batch, run directly
+    (the first configuration's threads): wall and (``*_cpu``) process CPU ms."""
     out = {}
     rng = np.random.default_rng(1)
     full = rng.integers(0, engine.node_count, size=batch_nodes)
@@ -270,42 +453,219 @@ def _cpu_s() -> float:
 
 
 # ---- report
-def summarize(curves: dict, slo_ms: float) -> dict:
-    """Sustained throughput at p99 <= `slo_ms`, p99 at the lightest rate, and the ratios of
-    Quiver to the best pool size of each baseline."""
-    from quiver.serving import loadgen
+def machine_line() -> str:
+    """The CPU model and load average, printed with every table."""
+    la = os.getloadavg()
+    return (
+        f"machine: {cpu_model()}, {os.cpu_count()} cores; load average {la[0]:.2f} "
+        f"{la[1]:.2f} {la[2]:.2f} (1/5/15 min)"
+    )
 
-    sustained = {k: loadgen.sustained_rps(v, slo_ms) for k, v in curves.items()}
-    light = {k: v[0].p99_ms for k, v in curves.items() if v}
 
-    def best(prefix, table, pick):
-        keys = [k for k in table if k.startswith(prefix)]
-        return pick(((table[k], k) for k in keys), default=(float("nan"), None))
+def best_per_bound(results: dict, bounds) -> dict:
+    """``{bound: (sustained req/s, configuration)}``: each bound's best configuration.
 
-    q_s, q_l = sustained.get("quiver", 0.0), light.get("quiver", float("nan"))
+    Sustained = the highest offered rate at which every request was answered (none shed or
+    failed) with p99 within the bound. The offered rate, not the served one: over a few
+    seconds of Poisson arrivals the served rate is the offered one plus sampling noise, and
+    every system runs the same arrivals at a rate.
+    """
+    out = {}
+    for b in bounds:
+        vals = [(common.knee(res, b)[0], label) for label, res in results.items()]
+        out[b] = max(vals, default=(0.0, None))
+    return out
+
+
+def best_light(results: dict, rates) -> dict:
+    """``{rate: (p99 ms, configuration)}``: the lowest p99 of any configuration at each rate
+    (nan and None when no configuration ran it)."""
+    out = {}
+    for rate in rates:
+        vals = [
+            (r["p99_ms"], label)
+            for label, res in results.items()
+            for r in res
+            if r["offered_rps"] == rate and r["rejected"] == 0 and r["errors"] == 0
+        ]
+        out[rate] = min(vals, default=(float("nan"), None))
+    return out
+
+
+def ratio(num: float, den: float) -> float:
+    """``num / den`` with ``x / 0`` -> inf (x > 0) or nan (x = 0); nan in, nan out."""
+    if math.isnan(num) or math.isnan(den):
+        return float("nan")
+    if den == 0:
+        return float("inf") if num > 0 else float("nan")
+    return num / den
+
+
+def summarize_run(run: dict, bounds, light_rates) -> dict:
+    """Per system the best configuration per bound and per light rate; Quiver's ratios."""
+    sustained = {s: best_per_bound(v["results"], bounds) for s, v in run.items()}
+    # met at the highest rate its best configuration ran: the figure is a lower bound
+    open_ended = {
+        s: {
+            b: label is not None and common.knee(run[s]["results"][label], b)[1] is None
+            for b, (_, label) in per.items()
+        }
+        for s, per in sustained.items()
+    }
+    light = {s: best_light(v["results"], light_rates) for s, v in run.items()}
     ratios = {}
-    for base in ("pyg", "dgl"):
-        s, s_key = best(base, sustained, max)
-        l_val, l_key = best(base, light, min)
-        if s_key is None:
+    if "quiver" in run:
+        for base in [s for s in run if s != "quiver"]:
+            for b in bounds:
+                ratios[f"sustained p99<={b:g} quiver/{base}"] = ratio(
+                    sustained["quiver"][b][0], sustained[base][b][0]
+                )
+            for r in light_rates:
+                ratios[f"p99 at {r:g} req/s quiver/{base}"] = ratio(
+                    light["quiver"][r][0], light[base][r][0]
+                )
+    return {"sustained": sustained, "open_ended": open_ended, "light_p99": light, "ratios": ratios}
+
+
+def median(values: list[float]) -> float:
+    """Median of the defined values (inf counts; nan is left out); nan if none."""
+    vals = [v for v in values if not math.isnan(v)]
+    return float(np.median(vals)) if vals else float("nan")
+
+
+def fmt_x(v: float) -> str:
+    return "n/a" if math.isnan(v) else ("inf" if math.isinf(v) else f"{v:.2f}x")
+
+
+def target_lines(medians: dict, per_run: list[dict], bounds, light_rates) -> list[str]:
+    """One PASS / FAIL / n/a line per target of the issue (ratios: medians over the runs)."""
+    lines = []
+    for kind, at, base, cmp, want in TARGETS:
+        if kind == "sustained":
+            if at not in bounds:
+                continue
+            key = f"sustained p99<={at:g} quiver/{base}"
+            what = f"sustained req/s at p99 <= {at:g} ms, Quiver / best {base.upper()}"
+        else:
+            if at not in light_rates:
+                continue
+            key = f"p99 at {at:g} req/s quiver/{base}"
+            what = f"p99 at {at:g} req/s, Quiver / best {base.upper()}"
+        if key not in medians:
+            lines.append(f"  n/a   {what} {cmp} {want:g}x: {base} not run")
             continue
-        ratios[f"throughput quiver/{base}"] = (q_s / s if s > 0 else float("inf"), s_key)
-        ratios[f"light-load p99 {base}/quiver"] = (l_val / q_l, l_key)
-    return {"sustained_rps": sustained, "light_p99_ms": light, "ratios": ratios}
+        v = medians[key]
+        runs = ", ".join(fmt_x(r["ratios"].get(key, float("nan"))) for r in per_run)
+        ok = (v >= want) if cmp == ">=" else (v <= want)
+        verdict = "n/a " if math.isnan(v) else ("PASS" if ok else "FAIL")
+        lines.append(f"  {verdict}  {what} {cmp} {want:g}x: {fmt_x(v)}   (runs: {runs})")
+    return lines
 
 
-def write_csv(path: Path, curves: dict) -> None:
-    rows = [{"system": k, **asdict(r)} for k, res in curves.items() for r in res]
+def format_results(run: dict) -> str:
+    """Every rate each configuration ran, one line each."""
+    head = (
+        f"{'system':<8} {'config':<20} {'offered':>8} {'rps':>8} {'p50ms':>8} {'p95ms':>8} "
+        f"{'p99ms':>8} {'late':>5} {'rej':>5} {'err':>4}"
+    )
+    lines = [head]
+    for system, v in run.items():
+        for label, res in v["results"].items():
+            for r in res:
+                lines.append(
+                    f"{system:<8} {label:<20} {r['offered_rps']:>8.1f} "
+                    f"{r['throughput_rps']:>8.1f} {r['p50_ms']:>8.2f} {r['p95_ms']:>8.2f} "
+                    f"{r['p99_ms']:>8.2f} {r['late']:>5} {r['rejected']:>5} {r['errors']:>4}"
+                )
+    return "\n".join(lines)
+
+
+def print_run_summary(summary: dict, bounds, light_rates) -> None:
+    print(machine_line())
+    print("sustained req/s at each p99 bound (best configuration):")
+    for system, per in summary["sustained"].items():
+        opened = summary.get("open_ended", {}).get(system, {})
+        cells = ", ".join(
+            f"<={b:g} ms: {'>=' if opened.get(b) and v > 0 else ''}{v:.1f} ({lab or '-'})"
+            for b, (v, lab) in per.items()
+        )
+        print(f"  {system:<8} {cells}")
+    if any(v for per in summary.get("open_ended", {}).values() for v in per.values()):
+        print("  (>=: met at the highest rate run; add higher --rates to find the knee)")
+    print("p99 ms at the light rates (best configuration):")
+    for system, per in summary["light_p99"].items():
+        cells = ", ".join(f"{r:g}/s: {v:.1f} ({lab or '-'})" for r, (v, lab) in per.items())
+        print(f"  {system:<8} {cells}")
+    print("ratios:")
+    for k, v in summary["ratios"].items():
+        print(f"  {k:<36} {fmt_x(v)}")
+
+
+def write_csv(path: Path, runs: list[dict]) -> None:
+    rows = [
+        {"run": i, "system": s, "config": label, **r}
+        for i, run in enumerate(runs)
+        for s, v in run.items()
+        for label, res in v["results"].items()
+        for r in res
+    ]
+    if not rows:
+        return
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
 
 
+def estimate_s(plan, configs: dict[str, int], runs: int) -> tuple[float, float]:
+    """``(typical, at most)`` seconds of the whole benchmark.
+
+    At most: every configuration sweeps the whole grid and every bound's knee takes every
+    probe on two configurations. Typical: the sweeps stop past the knee (about 2/3 of the
+    grid's time), and one configuration per bound needs the probes.
+    """
+    per_rate = [
+        max(plan.min_requests, min(plan.max_requests, int(r * plan.duration_s))) / r + 0.3
+        for r in plan.rates
+    ]
+    coarse = sum(per_rate) + 2.0  # + the warm-up
+    probe = max(plan.duration_s, plan.min_requests / max(plan.rates)) + 1.0
+    refine = len(plan.bounds_ms) * plan.refine_steps * probe
+    # Quiver starts once (in this process); each baseline starts once per run
+    once = STARTUP_S["quiver"] if "quiver" in configs else 0.0
+    start = {s: 0.0 if s == "quiver" else STARTUP_S[s] for s in configs}
+    most = sum(start[s] + n * coarse + 2 * refine for s, n in configs.items())
+    typical = sum(start[s] + n * coarse * 2 / 3 + refine for s, n in configs.items())
+    return once + typical * runs, once + most * runs
+
+
+def run_baseline_search(args, name, data, ckpt, weights, plan_file, out: Path, tag: str) -> dict:
+    """One baseline's configurations searched in its own env and process; its results JSON."""
+    res_file = out / f"{name}-{tag}.json"
+    model_arg = ["--checkpoint", str(ckpt)] if name == "pyg" else ["--weights", str(weights)]
+    run_baseline(
+        env_python(name),
+        f"{name}_server.py",
+        [
+            str(data),
+            *model_arg,
+            "--plan",
+            str(plan_file),
+            "--configs",
+            args.baseline_configs,
+            "--out",
+            str(res_file),
+            "--slo-ms",
+            str(args.slo_ms),
+        ],
+        BASELINE_TIMEOUT_S,
+    )
+    return json.loads(res_file.read_text())
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from quiver.serving import loadgen
-    from quiver.serving.loadgen import LoadResult
+    t_start = time.perf_counter()
 
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = set(systems) - {"quiver", "pyg", "dgl"}
@@ -315,9 +675,20 @@ def main(argv=None) -> int:
         if env_python(name) is None:
             print(f"{name}: .bench-env/{name} is not built (run `make bench-env`); skipping it")
             systems.remove(name)
-    rates = [float(r) for r in args.rates.split(",")]
-    slos = [args.slo_ms] + [float(s) for s in args.extra_slos.split(",") if s.strip()]
-    workers = [int(w) for w in args.workers.split(",")]
+    quiver_configs = [c.strip() for c in args.quiver_configs.split(",") if c.strip()]
+    try:
+        for c in quiver_configs:
+            parse_mode(c)
+        thread_configs = common.parse_thread_configs(args.baseline_configs)
+    except ValueError as e:
+        raise SystemExit(f"bench/serving.py: {e}") from None
+    cores = os.cpu_count() or 1
+    for w, t in thread_configs:
+        if w * t > cores:
+            print(f"note: baseline configuration {w}x{t} runs {w * t} threads on {cores} cores")
+    rates = sorted(float(r) for r in args.rates.split(","))
+    bounds = sorted({args.slo_ms, *(float(s) for s in args.extra_slos.split(",") if s.strip())})
+    light_rates = [r for r in (2.0, 4.0, 8.0, 16.0) if r in rates]
     lo, _, hi = args.sizes.partition("-")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -325,9 +696,38 @@ def main(argv=None) -> int:
 
     data = ensure_dataset(args)
     ckpt = ensure_checkpoint(args, data)
+    node_count = json.loads((data / "manifest.json").read_text())["num_nodes"]
+    plan = common.Plan(
+        rates=rates,
+        bounds_ms=bounds,
+        stop_ms=max(bounds),
+        node_count=node_count,
+        tol=args.tol,
+        refine_steps=args.refine_steps,
+        min_size=int(lo),
+        max_size=int(hi or lo),
+        duration_s=args.duration,
+        min_requests=args.min_requests,
+        max_requests=args.max_requests,
+        seed=args.seed,
+    )
+    plan_file = out / "plan.json"
+    plan.save(plan_file)
+    n_configs = {
+        s: (len(quiver_configs) if s == "quiver" else len(thread_configs)) for s in systems
+    }
+    typical, most = estimate_s(plan, n_configs, args.runs)
+    print(machine_line())
+    print(
+        f"plan: {args.runs} run(s); systems {systems}; configurations {n_configs}; coarse "
+        f"rates {rates}; p99 bounds {bounds} ms, knees to within {args.tol:.0%} "
+        f"(<= {args.refine_steps} probes each); expected duration ~{typical / 60:.0f} min "
+        f"(at most {most / 60:.0f} min)",
+        flush=True,
+    )
+
     weights = out / "sage-dgl.npz"
     if "dgl" in systems:
-        sys.path.insert(0, str(BASELINES))
         from export_weights import export
 
         export(ckpt, weights, FANOUTS)
@@ -339,95 +739,80 @@ def main(argv=None) -> int:
     for name, v in verified.items():
         print(f"verify {name}: {v}")
 
-    # one request list and one arrival seed per rate, shared by every system
-    node_count = json.loads((data / "manifest.json").read_text())["num_nodes"]
-    mix = loadgen.RequestMix(node_count, int(lo), int(hi or lo))
-    requests = [
-        mix.draw(
-            max(args.min_requests, min(args.max_requests, int(r * args.duration))),
-            seed=args.seed + i,
-        )
-        for i, r in enumerate(rates)
-    ]
-    seeds = [args.seed + 100 + i for i in range(len(rates))]
-    req_file = out / "requests.npz"
-    common.save_requests(req_file, rates, requests, seeds)
+    quiver = QuiverSystem(args, data, ckpt, quiver_configs) if "quiver" in systems else None
+    runs: list[dict] = []
+    summaries: list[dict] = []
+    try:
+        for i in range(args.runs):
+            order = systems[i % len(systems) :] + systems[: i % len(systems)]
+            print(f"\n=== run {i + 1}/{args.runs}: {', '.join(order)}")
+            run: dict = {}
+            for name in order:
+                print(f"== {name} (run {i + 1})", flush=True)
+                if name == "quiver":
+                    run[name] = quiver.search(plan)
+                else:
+                    run[name] = run_baseline_search(
+                        args, name, data, ckpt, weights, plan_file, out, f"run{i}"
+                    )
+            run = {s: run[s] for s in systems}  # a fixed order for the tables
+            runs.append(run)
+            summaries.append(summarize_run(run, bounds, light_rates))
+            print(f"\n-- run {i + 1} results")
+            print(machine_line())
+            print(format_results(run))
+            print_run_summary(summaries[-1], bounds, light_rates)
+    finally:
+        if quiver is not None:
+            quiver.close()
 
-    raw: dict[str, dict] = {}
-    if "quiver" in systems:
-        print("== quiver")
-        raw["quiver"] = run_quiver(args, data, ckpt, rates, requests, seeds, max(slos))
-    for name in ("pyg", "dgl"):
-        if name not in systems:
-            continue
-        for w in workers:
-            label = f"{name}-{w}w"
-            print(f"== {label}")
-            res_file = out / f"{label}.json"
-            model_arg = (
-                ["--checkpoint", str(ckpt)] if name == "pyg" else ["--weights", str(weights)]
-            )
-            run_baseline(
-                env_python(name),
-                f"{name}_server.py",
-                [
-                    str(data),
-                    *model_arg,
-                    "--requests",
-                    str(req_file),
-                    "--out",
-                    str(res_file),
-                    "--workers",
-                    str(w),
-                    "--slo-ms",
-                    str(args.slo_ms),
-                    "--stop-ms",
-                    str(max(slos)),
-                ],
-                BASELINE_TIMEOUT_S,
-            )
-            raw[label] = json.loads(res_file.read_text())
-
-    curves = {k: [LoadResult(**r) for r in v["results"]] for k, v in raw.items()}
-    print()
-    print(loadgen.format_table(curves))
-    summaries = {}
-    for slo in slos:
-        summary = summaries[slo] = summarize(curves, slo)
-        print(f"\nsustained throughput at p99 <= {slo:g} ms (requests/s):")
-        for k, v in summary["sustained_rps"].items():
-            print(f"  {k:<10} {v:8.1f}")
-        print(f"ratios at p99 <= {slo:g} ms (best baseline pool size):")
-        for k, (v, against) in summary["ratios"].items():
-            if k.startswith("light"):
-                continue
-            shown = f"{v:6.2f}x" if np.isfinite(v) else "   n/a "
-            note = " (the baseline met the bound at no rate)" if not np.isfinite(v) else ""
-            print(f"  {k:<28} {shown}   (vs {against}){note}")
-    print(f"\np99 at the lightest load ({rates[0]:g} req/s):")
-    for k, v in summary["light_p99_ms"].items():
-        print(f"  {k:<10} {v:8.2f} ms")
-    for k, (v, against) in summary["ratios"].items():
-        if k.startswith("light"):
-            print(f"  {k:<28} {v:6.2f}x   (vs {against})")
-    print("per-stage mean ms:")
-    for k, v in raw.items():
-        print(f"  {k:<10} {json.dumps(v.get('stage_ms'), default=lambda x: round(x, 2))}")
+    keys = list(summaries[0]["ratios"])
+    medians = {k: median([s["ratios"].get(k, float("nan")) for s in summaries]) for k in keys}
+    print(f"\n=== summary over {args.runs} run(s) (median of each ratio)")
+    print(machine_line())
+    for k in keys:
+        vals = ", ".join(fmt_x(s["ratios"].get(k, float("nan"))) for s in summaries)
+        print(f"  {k:<36} {fmt_x(medians[k]):>8}   (runs: {vals})")
+    print("targets (issue 20):")
+    for line in target_lines(medians, summaries, bounds, light_rates):
+        print(line)
+    print("per-stage mean ms (Quiver: direct calls, one request and one full batch; baselines:")
+    print("per request served, by configuration), last run:")
+    for k, v in runs[-1].items():
+        print(f"  {k:<8} {json.dumps(v.get('stage_ms'), default=lambda x: round(x, 2))}")
+    if quiver is not None:
+        print(f"quiver: {quiver.server.info}")
     load_end = os.getloadavg()
-    print(f"load average at start {load_start[0]:.1f}, at end {load_end[0]:.1f} (2 cores)")
+    wall = time.perf_counter() - t_start
+    print(
+        f"load average at start {load_start[0]:.2f}, at end {load_end[0]:.2f}; "
+        f"{wall / 60:.1f} min in all (expected ~{typical / 60:.0f})"
+    )
 
-    write_csv(out / "serving.csv", curves)
+    write_csv(out / "serving.csv", runs)
+    from quiver.serving import loadgen
+    from quiver.serving.loadgen import LoadResult
+
+    curves = {
+        f"{s} {label}": [LoadResult(**r) for r in res]
+        for s, v in runs[0].items()
+        for label, res in v["results"].items()
+    }
     loadgen.plot(out / "serving.png", curves, args.slo_ms)
     (out / "summary.json").write_text(
         json.dumps(
             {
                 "args": vars(args),
+                "machine": {"cpu_model": cpu_model(), "cores": cores},
                 "dataset": str(data),
                 "checkpoint": str(ckpt),
+                "plan": asdict(plan),
                 "verified": verified,
-                "summary": {str(k): v for k, v in summaries.items()},
-                "raw": raw,
+                "summaries": summaries,
+                "medians": medians,
+                "runs": runs,
                 "loadavg": {"start": load_start, "end": load_end},
+                "wall_s": wall,
             },
             indent=2,
             default=str,

@@ -7,7 +7,7 @@ weights come from an .npz that `bench/baselines/export_weights.py` writes in the
 
     .venv/bin/python bench/baselines/export_weights.py ckpt.pt sage.npz
     .bench-env/dgl/bin/python bench/baselines/dgl_server.py DATASET_DIR --weights sage.npz \
-        --requests requests.npz --out dgl.json --workers 1
+        --plan plan.json --out dgl.json --configs 1x1,1x2,2x1
     .bench-env/dgl/bin/python bench/baselines/dgl_server.py DATASET_DIR --weights sage.npz \
         --verify expected.npz        # logits equal Quiver's (graph with in-degrees < fanouts)
 
@@ -98,6 +98,15 @@ class DglServer(common.ThreadPoolServer):
         self.sampler = dgl.dataloading.NeighborSampler(self.fanouts[::-1])
         self.num_nodes = n
 
+    def set_threads(self, num_threads: int) -> None:
+        """This worker's intra-op threads: torch's, and DGL's own OpenMP pool (DGL links the
+        system libgomp, torch its own copy, so each keeps its own thread count)."""
+        import dgl
+        import torch
+
+        torch.set_num_threads(num_threads)
+        dgl.utils.set_num_threads(num_threads)
+
     def logits(self, seeds: np.ndarray) -> np.ndarray:
         """`(len(seeds), C)` logits (unique seeds)."""
         import torch
@@ -124,18 +133,15 @@ def main(argv=None) -> None:
     common.add_common_args(p)
     p.add_argument("--weights", required=True, help=".npz from export_weights.py")
     args = p.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(common.torch_threads(args))
-    server = DglServer(args.dataset_dir, args.weights, num_workers=args.workers, slo_ms=args.slo_ms)
+    server = DglServer(args.dataset_dir, args.weights, slo_ms=args.slo_ms)
     if args.verify:
         common.verify_main(server.logits, args.verify)
         return
-    if not (args.requests and args.out):
-        raise SystemExit("dgl_server: give --requests and --out (or --verify)")
+    if not (args.plan and args.out):
+        raise SystemExit("dgl_server: give --plan and --out (or --verify)")
     print(
         f"dgl server: {server.num_nodes:,} nodes, fanouts {server.fanouts}, "
-        f"{args.workers} worker(s), {torch.get_num_threads()} torch thread(s)"
+        f"configurations (workers x threads) {args.configs}"
     )
     common.bench_main(server, args)
 

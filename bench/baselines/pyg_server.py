@@ -4,7 +4,7 @@ same model with the same weights, on a small worker-thread pool. No cross-reques
 Runs in `.bench-env/pyg` (torch 2.13 + torch-sparse 0.6.18 + our package, editable):
 
     .bench-env/pyg/bin/python bench/baselines/pyg_server.py DATASET_DIR --checkpoint ckpt.pt \
-        --requests requests.npz --out pyg.json --workers 1
+        --plan plan.json --out pyg.json --configs 1x1,1x2,2x1
     .bench-env/pyg/bin/python bench/baselines/pyg_server.py DATASET_DIR --checkpoint ckpt.pt \
         --verify expected.npz          # logits equal Quiver's (graph with in-degrees < fanouts)
 
@@ -92,6 +92,12 @@ class PygServer(common.ThreadPoolServer):
         self.sampler = NeighborSampler(Data(adj_t=adj_t, num_nodes=n), self.fanouts)
         self.num_nodes = n
 
+    def set_threads(self, num_threads: int) -> None:
+        """This worker's intra-op threads (torch-sparse's sampler is single-threaded)."""
+        import torch
+
+        torch.set_num_threads(num_threads)
+
     def sample(self, seeds: np.ndarray):
         """`(node (S,), edge_index (2, E_sub))` of PyG's sampled subgraph, seeds first."""
         import torch
@@ -124,20 +130,15 @@ def main(argv=None) -> None:
     common.add_common_args(p)
     p.add_argument("--checkpoint", required=True, help="quiver train-model checkpoint")
     args = p.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(common.torch_threads(args))
-    server = PygServer(
-        args.dataset_dir, args.checkpoint, num_workers=args.workers, slo_ms=args.slo_ms
-    )
+    server = PygServer(args.dataset_dir, args.checkpoint, slo_ms=args.slo_ms)
     if args.verify:
         common.verify_main(server.logits, args.verify)
         return
-    if not (args.requests and args.out):
-        raise SystemExit("pyg_server: give --requests and --out (or --verify)")
+    if not (args.plan and args.out):
+        raise SystemExit("pyg_server: give --plan and --out (or --verify)")
     print(
         f"pyg server: {server.num_nodes:,} nodes, fanouts {server.fanouts}, "
-        f"{args.workers} worker(s), {torch.get_num_threads()} torch thread(s)"
+        f"configurations (workers x threads) {args.configs}"
     )
     common.bench_main(server, args)
 

@@ -122,7 +122,9 @@ def test_auto_records_choice_with_cpu_model_and_reuses_it(world, tmp_path, monke
     monkeypatch.setattr("quiver.precision.measure_precision", no_timing)
     _, server = _logits(data, ckpt, precision="auto")
     assert "from the manifest" in server.info
-    model_is_bf16 = isinstance(server.engine.model, PrecisionModel)
+    # fp32 weights on bf16 rows are a casting PrecisionModel too: ask for its dtype
+    m = server.engine.model
+    model_is_bf16 = isinstance(m, PrecisionModel) and m.dtype == torch.bfloat16
     assert model_is_bf16 == (rec["model"] == "bf16")
 
 

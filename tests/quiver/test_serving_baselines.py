@@ -196,3 +196,202 @@ def test_verify_graph_degrees_are_below_fanouts(tmp_path):
     for v in range(100):
         row = indices[indptr[v] : indptr[v + 1]]
         assert len(set(row.tolist())) == len(row)  # distinct in-neighbours
+
+
+# ---- the rate search (bench/baselines/serving_common.py) and the report (bench/serving.py) ----
+def _point(rate, p99, rejected=0):
+    return {"offered_rps": rate, "p99_ms": p99, "sent": 10, "rejected": rejected, "errors": 0}
+
+
+def test_next_probe_bisects_a_knee_to_within_the_tolerance():
+    # a system meeting 30 ms up to 20 req/s, run on the coarse grid
+    p99 = lambda r: 10.0 if r <= 20 else 500.0  # noqa: E731
+    points = [_point(r, p99(r)) for r in (2, 4, 8, 16, 32, 64)]
+    probes = []
+    while (r := common.next_probe(points, 30.0, tol=0.10)) is not None:
+        probes.append(r)
+        points.append(_point(r, p99(r)))
+        assert len(probes) < 10
+    assert probes[0] == pytest.approx((16 * 32) ** 0.5, abs=0.1)  # geometric midpoint
+    lo, hi = common.knee(points, 30.0)
+    assert lo <= 20 < hi and hi <= lo * 1.10  # resolved, and the truth is inside
+    assert len(probes) == 3  # a factor 2 to within 10%
+
+
+def test_next_probe_stops_where_no_knee_can_be_found_or_won():
+    grid = (2, 4, 8)
+    assert common.next_probe([_point(r, 99.0) for r in grid], 30.0) is None  # never met
+    assert common.next_probe([_point(r, 9.0) for r in grid], 30.0) is None  # always met
+    shed = [_point(2, 9.0), _point(4, 9.0, rejected=3)]  # shedding fails a rate
+    assert common.knee(shed, 30.0) == (2, 4)
+    # another configuration already met the bound at 8: this one's knee (2-4) cannot win
+    assert common.next_probe(shed, 30.0, floor=8.0) is None
+    assert common.next_probe(shed, 30.0, floor=1.0) == pytest.approx(2.8)
+    # a noisy dip: the highest passing rate counts, as loadgen.sustained_rps does
+    dip = [_point(2, 9.0), _point(4, 99.0), _point(8, 9.0), _point(16, 99.0)]
+    assert common.knee(dip, 30.0) == (8, 16)
+    with pytest.raises(ValueError, match="tol"):
+        common.next_probe(dip, 30.0, tol=0)
+
+
+def test_search_configs_refines_only_configurations_that_can_win(monkeypatch):
+    capacity = {"A": 20.0, "B": 12.0}  # the rate each configuration keeps p99 <= 30 ms to
+    calls = []
+    lg = common.load_loadgen()
+
+    async def fake_run(send, reqs, rate, seed=0):
+        label = send()
+        p99 = 10.0 if rate <= capacity[label] else 900.0
+        return lg.LoadResult(rate, len(reqs), len(reqs), 0, 0, 0, 1.0, rate, rate, p99, p99, p99)
+
+    fake = type("LG", (), {"run_open_loop": staticmethod(fake_run), "RequestMix": lg.RequestMix})
+    monkeypatch.setattr(common, "load_loadgen", lambda: fake)
+    monkeypatch.setattr(common.time, "sleep", lambda s: None)
+
+    def activate(label, warmup):
+        calls.append((label, warmup))
+        return lambda: label
+
+    plan = common.Plan(
+        rates=[2, 4, 8, 16, 32, 64], bounds_ms=[30.0], stop_ms=30.0, node_count=100, tol=0.1
+    )
+    res = common.search_configs(["A", "B"], activate, plan, progress=lambda s: None)
+    rates = {k: [r["offered_rps"] for r in v] for k, v in res.items()}
+    # coarse: each stops after two failing rates; then only A (knee 16-32) is bisected:
+    # B failed at 16, below A's passing 16, so it cannot be the best
+    assert rates["B"] == [2, 4, 8, 16, 32]
+    assert rates["A"] == [2, 4, 8, 16, 19.0, 20.7, 22.6, 32, 64]  # 3 probes, sorted in
+    lo, hi = common.knee(res["A"], 30.0)
+    assert lo <= 20 < hi <= lo * 1.1
+    assert calls == [("A", common.WARMUP_REQUESTS), ("B", common.WARMUP_REQUESTS),
+                     ("A", common.REWARM_REQUESTS)]  # fmt: skip
+
+
+def test_requests_of_a_rate_are_the_same_for_every_system():
+    plan = common.Plan(rates=[2, 8], bounds_ms=[30], stop_ms=30, node_count=1000, min_requests=5)
+    a, seed_a = common.requests_for(plan, 8.0)
+    b, seed_b = common.requests_for(common.Plan(**vars(plan)), 8.0)
+    assert a == b and seed_a == seed_b and len(a) == max(5, int(8 * plan.duration_s))
+    other, seed_o = common.requests_for(plan, 8.5)
+    assert other != a and seed_o != seed_a
+
+
+def test_plan_round_trips_and_thread_configs_parse(tmp_path):
+    plan = common.Plan(rates=[2, 4], bounds_ms=[30, 100], stop_ms=100, node_count=7)
+    plan.save(tmp_path / "plan.json")
+    assert common.Plan.load(tmp_path / "plan.json") == plan
+    assert common.parse_thread_configs("1x1, 1x2,2x1") == [(1, 1), (1, 2), (2, 1)]
+    for bad in ("2", "0x1", "ax1", "1x"):
+        with pytest.raises(ValueError, match="WORKERSxTHREADS"):
+            common.parse_thread_configs(bad)
+
+
+def test_reconfiguring_a_baseline_gives_new_threads_their_thread_count():
+    seen = []
+
+    class Recording(common.ThreadPoolServer):
+        def set_threads(self, n):
+            import threading
+
+            seen.append((threading.current_thread().name, n))
+
+        def _predict(self, seeds):
+            return np.zeros(len(seeds), dtype=np.int64)
+
+    server = Recording(1, slo_ms=1000.0)
+    assert asyncio.run(server.send([1])) == "ok" and seen == []  # 0: threads left alone
+    server.configure(2, 1)
+    assert (server.num_workers, server.torch_threads, server.num_served) == (2, 1, 0)
+
+    async def four():
+        return await asyncio.gather(*(server.send([i]) for i in range(4)))
+
+    assert asyncio.run(four()) == ["ok"] * 4
+    assert seen and all(n == 1 for _, n in seen)
+    server.close()
+
+
+def test_report_takes_each_bound_and_rate_from_the_best_configuration():
+    res = {
+        "1w x 2t": [_point(2, 12.0), _point(4, 25.0), _point(8, 80.0)],
+        "2w x 1t": [_point(2, 15.0), _point(4, 20.0), _point(8, 28.0), _point(16, 200.0)],
+    }
+    for r in res.values():
+        for p in r:
+            p["errors"] = 0
+    assert serving_bench.best_per_bound(res, [30.0, 100.0]) == {
+        30.0: (8, "2w x 1t"),
+        100.0: (8, "2w x 1t"),
+    }
+    light = serving_bench.best_light(res, [2.0, 4.0, 16.0, 32.0])
+    assert light[2.0] == (12.0, "1w x 2t") and light[4.0] == (20.0, "2w x 1t")
+    assert np.isnan(light[32.0][0])
+    run = {"quiver": {"results": res}, "dgl": {"results": {"2w x 1t": res["1w x 2t"]}}}
+    summary = serving_bench.summarize_run(run, [30.0, 100.0], [2.0])
+    assert summary["open_ended"]["quiver"] == {30.0: False, 100.0: False}
+    assert summary["ratios"]["sustained p99<=30 quiver/dgl"] == 2.0  # 8 / 4 req/s
+    assert summary["open_ended"]["dgl"][100.0]  # met at its highest rate, 8: a lower bound
+    assert serving_bench.ratio(3.0, 0.0) == float("inf")
+    assert np.isnan(serving_bench.ratio(0.0, 0.0))
+    assert serving_bench.median([1.0, float("nan"), 3.0, float("inf")]) == 3.0
+
+
+def test_targets_are_printed_as_pass_and_fail_lines():
+    medians = {
+        "sustained p99<=30 quiver/dgl": 3.5,
+        "sustained p99<=100 quiver/dgl": 1.2,
+        "p99 at 2 req/s quiver/dgl": 0.4,
+    }
+    runs = [{"ratios": medians}]
+    lines = serving_bench.target_lines(medians, runs, [30.0, 100.0], [2.0])
+    text = "\n".join(lines)
+    assert "PASS  sustained req/s at p99 <= 30 ms, Quiver / best DGL >= 3x: 3.50x" in text
+    assert "FAIL  sustained req/s at p99 <= 100 ms, Quiver / best DGL >= 3x: 1.20x" in text
+    assert "PASS  p99 at 2 req/s, Quiver / best DGL <= 0.5x: 0.40x" in text
+    assert "n/a   sustained req/s at p99 <= 30 ms, Quiver / best PYG >= 10x: pyg not run" in text
+    assert len(lines) == 4  # rates not run (4, 8, 16) have no line
+
+
+def test_quiver_configurations_parse():
+    assert serving_bench.parse_mode("staged") == {
+        "cfg": {},
+        "fast_lane": True,
+        "single_thread_calls": False,
+    }
+    lanes = serving_bench.parse_mode("lanes2x1-nocap")
+    assert lanes["cfg"] == {"num_lanes": 2, "torch_threads": 1, "adaptive_batch": False}
+    assert lanes["single_thread_calls"]  # a lane samples and gathers on its own thread
+    assert not serving_bench.parse_mode("lanes2x1-mt")["single_thread_calls"]
+    pipe = serving_bench.parse_mode("pipeline-1t")
+    assert pipe["fast_lane"] is False and pipe["single_thread_calls"]
+    assert serving_bench.parse_mode("staged-cap")["cfg"] == {"adaptive_batch": True}
+    assert serving_bench.parse_mode("stagedx1")["cfg"] == {"torch_threads": 1}
+    assert serving_bench.parse_mode("lanes2")["cfg"] == {"num_lanes": 2, "torch_threads": 1}
+    for bad in ("lanes", "lanes0x1", "lanes2x0", "fastest", "stagedxa", "staged-xyz",
+                "lanes2-1t-mt", "staged-cap-nocap"):  # fmt: skip
+        with pytest.raises(ValueError):
+            serving_bench.parse_mode(bad)
+
+
+def test_the_default_three_run_benchmark_is_estimated_within_half_an_hour():
+    args = serving_bench.parse_args(["--runs", "3"])
+    plan = common.Plan(
+        rates=[float(r) for r in args.rates.split(",")],
+        bounds_ms=[30.0, 100.0],
+        stop_ms=100.0,
+        node_count=2_449_029,
+        tol=args.tol,
+        refine_steps=args.refine_steps,
+        duration_s=args.duration,
+        min_requests=args.min_requests,
+    )
+    configs = {
+        "quiver": len(args.quiver_configs.split(",")),
+        "dgl": len(args.baseline_configs.split(",")),
+        "pyg": len(args.baseline_configs.split(",")),
+    }
+    typical, most = serving_bench.estimate_s(plan, configs, args.runs)
+    assert typical <= most
+    assert typical <= 30 * 60, f"default --runs 3 expected to take {typical / 60:.0f} min"
+    quick = serving_bench.parse_args(["--quick"])
+    assert quick.runs == 1 and quick.baseline_configs == "1x2,2x1"

@@ -9,8 +9,9 @@ seeds routed to that host), ``degree`` or ``random``. A request is routed to the
 most of the rows its seeds and their in-neighbours touch.
 
 Writes ``partition/{owner,replicas,replica_offsets}.npy`` and a ``partition`` manifest entry
-into DATA (running it again replaces them); serving hosts load their shard with
-``quiver.feature.DistFeature.from_prepared(DATA)``.
+into DATA (running it again replaces them). Serving hosts then run ``quiver serve DATA
+--host-rank R --hosts K --peer-addr HOST:PORT`` (``quiver.feature.peer.PeerFeature``);
+training hosts load their shard with ``quiver.feature.DistFeature.from_prepared(DATA)``.
 """
 
 from __future__ import annotations

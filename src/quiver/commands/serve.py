@@ -27,6 +27,31 @@ def add_serve_options(p) -> None:
     p.add_argument("--max-request-nodes", type=int, default=1024, help="ids per request (1024)")
     p.add_argument("--sampler-workers", type=int, default=2, help="sampling threads (2)")
     p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="intra-op threads of the model thread, or of each lane with --lanes (1)",
+    )
+    p.add_argument(
+        "--lanes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="N lanes instead of the staged pipeline: each lane thread takes what is queued "
+        "when it is free and runs sampling, gather and model back to back, so a small "
+        "request starts on a free lane instead of waiting behind a large batch (0: the "
+        "staged pipeline, --sampler-workers + one model thread) (0)",
+    )
+    p.add_argument(
+        "--adaptive-batch",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a batch takes only the seeds its oldest request's remaining --slo-ms fits at the "
+        "measured service time (full batches once that request is late anyway); "
+        "--no-adaptive-batch: close at --max-batch-nodes only (default: on with --lanes, off "
+        "for the staged pipeline)",
+    )
+    p.add_argument(
         "--max-body-bytes",
         type=int,
         default=1 << 20,
@@ -111,6 +136,9 @@ def serve_config(args):
         max_wait_ms=args.max_wait_ms,
         slo_ms=args.slo_ms,
         num_sampler_workers=args.sampler_workers,
+        torch_threads=args.torch_threads,
+        num_lanes=args.lanes,
+        adaptive_batch=args.adaptive_batch,
         shed_late=args.shed_late,
         fast_lane=args.fast_lane,
         max_body_bytes=args.max_body_bytes,
@@ -207,7 +235,80 @@ def register(sub) -> None:
     p.add_argument("--port", type=_port, default=8000, help="TCP port (8000)")
     add_serve_options(p)
     add_replica_options(p)
+    add_peer_options(p)
     p.set_defaults(func=run)
+
+
+def add_peer_options(p) -> None:
+    """``--host-rank`` and its companions: one host of a ``quiver partition`` (feature shards)."""
+    g = p.add_argument_group(
+        "feature shards across hosts (after `quiver partition DATA --hosts K`)",
+        "Serve as host R of K: this host holds the rows it owns or replicates and fetches the "
+        "others from their owners, one batched exchange per batch over torch.distributed "
+        "(gloo), while a responder thread answers the other hosts. Start every host with the "
+        "same DATA partition, --hosts and --peer-addr; route each request to the host holding "
+        "most of its rows (quiver.serving.routing.RoutedClient).",
+    )
+    g.add_argument(
+        "--host-rank", type=int, default=None, metavar="R", help="this host's id, 0 <= R < K"
+    )
+    g.add_argument(
+        "--hosts", type=int, default=None, metavar="K", help="hosts serving the partition"
+    )
+    g.add_argument(
+        "--peer-addr",
+        default="127.0.0.1:29500",
+        metavar="HOST:PORT",
+        help="rendezvous: host 0 listens here, the other hosts connect (127.0.0.1:29500)",
+    )
+    g.add_argument(
+        "--partition-dir",
+        default=None,
+        metavar="DIR",
+        help="a partitioned dataset directory or its partition/ folder (default: DATASET_DIR)",
+    )
+    g.add_argument(
+        "--join-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="every host must join the rendezvous within this (120)",
+    )
+    g.add_argument(
+        "--peer-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="a batch waits this long for a peer's rows; then its requests get 500 and the "
+        "peer counts as lost (10)",
+    )
+    g.add_argument(
+        "--peer-linger",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, keep answering peers still serving for at most this (30)",
+    )
+
+
+def peer_config(args):
+    """A ``PeerConfig`` from the host options; None when the server holds every feature row."""
+    rank, hosts = getattr(args, "host_rank", None), getattr(args, "hosts", None)
+    if rank is None and hosts is None and getattr(args, "partition_dir", None) is None:
+        return None
+    if rank is None or hosts is None:
+        raise ValueError("serving a partition needs both --host-rank R and --hosts K")
+    from quiver.feature.peer import PeerConfig
+
+    return PeerConfig(
+        host_rank=rank,
+        hosts=hosts,
+        peer_addr=args.peer_addr,
+        partition_dir=args.partition_dir,
+        join_timeout_s=args.join_timeout,
+        peer_timeout_s=args.peer_timeout,
+        linger_s=args.peer_linger,
+    )
 
 
 def add_replica_options(p) -> None:
@@ -269,11 +370,22 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from quiver.serving.server import Server
+
+    peers = peer_config(args)
     replicas = replica_config(args)
     if replicas is not None:
+        if peers is not None:
+            raise ValueError("--host-rank (feature shards) cannot be combined with --replicas")
         return run_replicated(args, replicas)
     check_listen(args.host, args.port)
-    server = server_from_args(args)
+    if peers is not None:
+        print(
+            f"quiver serve: host {peers.host_rank} of {peers.hosts}, waiting for the hosts at "
+            f"{peers.peer_addr} (up to {peers.join_timeout_s:g} s)",
+            flush=True,
+        )
+    server = Server.from_dataset(**server_kwargs(args), peers=peers)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -292,6 +404,23 @@ def run(args: argparse.Namespace) -> int:
     stop.wait()
     print("quiver serve: draining in-flight requests...", flush=True)
     server.stop()
+    if not server.stopped_cleanly:
+        import os
+        import sys
+
+        left = server.peers.peers()
+        lost = sorted(left["lost"])
+        serving = sorted(set(range(peers.hosts)) - {peers.host_rank} - set(lost))
+        serving = [h for h in serving if h not in left["said_bye"]]
+        why = [f"lost: hosts {lost}"] if lost else []
+        if serving:
+            why.append(f"still serving after --peer-linger {peers.linger_s:g} s: hosts {serving}")
+        print(
+            f"quiver serve: stopped ({'; '.join(why)}); leaving without closing the gloo group",
+            flush=True,
+        )
+        sys.stderr.flush()
+        os._exit(0)  # gloo's destructors would wait on the responder's pending receive
     print("quiver serve: stopped", flush=True)
     return 0
 

@@ -38,6 +38,7 @@ __all__ = [
     "Partition",
     "Router",
     "assign_owners",
+    "find_partition",
     "home_hosts",
     "load_partition",
     "make_partition",
@@ -403,6 +404,35 @@ def load_partition(directory) -> Partition | None:
     offsets = np.load(d / files["replica_offsets"])
     reps = [flat[offsets[h] : offsets[h + 1]] for h in range(offsets.size - 1)]
     return Partition(owner, reps, entry)
+
+
+def find_partition(path) -> Partition:
+    """The partition at ``path``: a prepared directory with a ``partition`` manifest entry, or
+    a ``partition/`` folder itself (``owner.npy``, ``replicas.npy``, ``replica_offsets.npy``).
+
+    Raises ``FileNotFoundError`` / ``ValueError`` (one line) when there is none."""
+    from quiver.datasets.prepared import MANIFEST
+
+    d = Path(path)
+    if not d.is_dir():
+        raise FileNotFoundError(f"partition directory not found: {d}")
+    if (d / MANIFEST).exists():
+        part = load_partition(d)
+        if part is None:
+            raise ValueError(f"{d} has no partition (run `quiver partition {d} --hosts K`)")
+        return part
+    names = ("owner.npy", "replicas.npy", "replica_offsets.npy")
+    missing = [n for n in names if not (d / n).exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"{d} is neither a partitioned dataset nor a partition folder (no manifest.json, "
+            f"missing {', '.join(missing)})"
+        )
+    owner = np.load(d / "owner.npy")
+    flat = np.load(d / "replicas.npy")
+    offsets = np.load(d / "replica_offsets.npy")
+    reps = [flat[offsets[h] : offsets[h + 1]] for h in range(offsets.size - 1)]
+    return Partition(owner, reps, {"hosts": len(reps)})
 
 
 def remote_share(partition: Partition, n_ids_by_host) -> float:

@@ -2,7 +2,9 @@
 
 A batch closes when its seed count reaches ``max_batch_nodes``, its summed PSGS reaches
 ``max_batch_psgs``, or ``max_wait_ms`` has passed since its first request (Ray Serve's
-``@serve.batch`` policy, plus the PSGS budget). Every request owns one future.
+``@serve.batch`` policy, plus the PSGS budget); with the adaptive cap
+(``ServeConfig.adaptive_batch``) the seed limit is lowered to what the oldest request's
+remaining deadline fits (``slo_batch_cap``). Every request owns one future.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ OVERLOAD_ENTER_SHARE = 0.7
 OVERLOAD_EXIT_SHARE = 0.2
 #: Time constant (s) with which the remembered peak drain rate decays.
 PEAK_RATE_DECAY_S = 10.0
+#: Batches whose (seeds, service time) the adaptive batch cap fits its cost line to.
+SERVICE_FIT_BATCHES = 64
+#: The adaptive cap plans a batch to be answered by this share of its oldest request's
+#: deadline, leaving the rest for the spread of service times around the fitted line.
+BATCH_SLO_SHARE = 0.8
 
 
 class Overloaded(RuntimeError):
@@ -74,6 +81,63 @@ class Batch:
     seeds: np.ndarray
     psgs: float
     closed_by: str
+
+
+@dataclass(frozen=True)
+class ServiceFit:
+    """A batch's pick-up-to-answer time as ``per_batch_s + per_seed_s x seeds``."""
+
+    per_batch_s: float
+    per_seed_s: float
+
+    def predict(self, seeds: int) -> float:
+        return self.per_batch_s + self.per_seed_s * seeds
+
+
+def fit_service(points) -> ServiceFit | None:
+    """Least-squares ``ServiceFit`` to ``(seeds, seconds)`` points; None with fewer than 4.
+
+    Both coefficients are kept >= 0: with too little spread in the seed counts (or a
+    negative slope from noise) the line goes through the origin with the median per-seed time.
+    """
+    if len(points) < 4:
+        return None
+    x = np.fromiter((p[0] for p in points), dtype=np.float64, count=len(points))
+    y = np.fromiter((p[1] for p in points), dtype=np.float64, count=len(points))
+    if x.min() < 1:
+        return None
+    var = float(((x - x.mean()) ** 2).mean())
+    if var > 0:
+        slope = float(((x - x.mean()) * (y - y.mean())).mean()) / var
+        icpt = float(y.mean()) - slope * float(x.mean())
+        if slope > 0 and icpt >= 0:
+            return ServiceFit(icpt, slope)
+    return ServiceFit(0.0, float(np.median(y / x)))
+
+
+def slo_batch_cap(
+    waited_s: float, slo_s: float, fit: ServiceFit | None, first_nodes: int, max_nodes: int
+) -> int:
+    """Most seeds a batch may take so that its oldest request is still answered in time.
+
+    Args:
+        waited_s: how long the batch's oldest request has waited so far.
+        slo_s: its deadline after arrival.
+        fit: the service-time line (None: not measured yet, no cap).
+        first_nodes: the oldest request's own seeds (a batch always takes it).
+        max_nodes: the configured ceiling (``max_batch_nodes``).
+
+    The batch is planned to finish by ``BATCH_SLO_SHARE`` of the deadline. When even the
+    oldest request alone cannot make that, no cap helps it: the ceiling is returned, so a
+    backlog is served at the highest throughput (larger batches cost less per seed).
+    """
+    if fit is None or fit.per_seed_s <= 0:
+        return max_nodes
+    budget = BATCH_SLO_SHARE * slo_s - waited_s - fit.per_batch_s
+    fits = int(budget / fit.per_seed_s + 1e-9) if budget > 0 else -1  # 1e-9: float rounding
+    if fits < first_nodes:
+        return max_nodes
+    return max(first_nodes, min(max_nodes, fits))
 
 
 def validate_nodes(nodes, node_count: int, max_request_nodes: int) -> np.ndarray:
@@ -127,6 +191,9 @@ class DynamicBatcher:
         self._closed = False
         self._service: deque[float] = deque(maxlen=32)  # recent pick-up-to-answer seconds
         self.service_s = 0.0  # their median (robust to a warm-up or GC outlier); 0: none yet
+        self._service_pts: deque[tuple[int, float]] = deque(maxlen=SERVICE_FIT_BATCHES)
+        self.service_fit: ServiceFit | None = None  # seconds against seeds, for the batch cap
+        self.last_cap = cfg.max_batch_nodes  # the seed cap the latest batch was closed under
         self._picked: deque[tuple[float, int]] = deque()  # (time, requests) of recent pick-ups
         self._picked_sum = 0  # requests in _picked
         self._peak_rate, self._peak_at = 0.0, 0.0  # highest recent drain rate and when
@@ -134,10 +201,29 @@ class DynamicBatcher:
         self._admitted: deque[Request] = deque()  # admission order; done ones leave lazily
         self.overloaded = False  # the door enforces the in-flight limit (see OVERLOAD_*_SHARE)
 
-    def observe_service(self, seconds: float) -> None:
-        """Record one batch's pick-up-to-answer time; ``service_s`` is the median of the last 32."""
+    def observe_service(self, seconds: float, seeds: int | None = None) -> None:
+        """Record one batch's pick-up-to-answer time; ``service_s`` is the median of the last 32.
+
+        With ``seeds`` (the batch's seed count) the point also refits ``service_fit``, the line
+        the adaptive batch cap predicts a batch's service time from.
+        """
         self._service.append(float(seconds))
         self.service_s = statistics.median(self._service)
+        if seeds is not None and seeds > 0:
+            self._service_pts.append((int(seeds), float(seconds)))
+            self.service_fit = fit_service(self._service_pts)
+
+    def batch_cap(self, first: Request, now: float) -> int:
+        """Seed cap of a batch whose oldest request is ``first`` (see ``slo_batch_cap``)."""
+        if not self.cfg.batch_cap_on:
+            return self.cfg.max_batch_nodes
+        return slo_batch_cap(
+            now - first.arrival,
+            self.cfg.slo_ms / 1e3,
+            self.service_fit,
+            len(first.nodes),
+            self.cfg.max_batch_nodes,
+        )
 
     def max_queue_s(self) -> float:
         """Longest queue wait that still leaves time for service before the deadline.
@@ -290,10 +376,12 @@ class DynamicBatcher:
             limit_psgs = cfg.max_batch_psgs
             while True:
                 stop = None
+                # the SLO cap is taken as each pass starts: the oldest request's budget shrinks
+                cap = self.batch_cap(first, time.perf_counter())
                 while self._queue:  # take every queued request that still fits
                     req = self._queue[0]
-                    if taken and nodes + len(req.nodes) > cfg.max_batch_nodes:
-                        stop = "nodes"
+                    if taken and nodes + len(req.nodes) > cap:
+                        stop = "nodes" if cap == cfg.max_batch_nodes else "slo"
                         break
                     if taken and limit_psgs is not None and psgs + req.psgs > limit_psgs:
                         stop = "psgs"
@@ -301,8 +389,8 @@ class DynamicBatcher:
                     taken.append(self._queue.popleft())
                     nodes += len(req.nodes)
                     psgs += req.psgs
-                if stop is None and nodes >= cfg.max_batch_nodes:
-                    stop = "nodes"
+                if stop is None and nodes >= cap:
+                    stop = "nodes" if cap == cfg.max_batch_nodes else "slo"
                 if stop is None and limit_psgs is not None and psgs >= limit_psgs:
                     stop = "psgs"
                 if stop is None:
@@ -313,6 +401,7 @@ class DynamicBatcher:
                         self._cond.wait(remaining)
                         continue
                 break
+            self.last_cap = cap
             self._picked.append((time.perf_counter(), len(taken)))
             self._picked_sum += len(taken)
         seeds = np.concatenate([r.nodes for r in taken])

@@ -26,7 +26,7 @@ class ServeConfig:
             (default 2); the model stage runs in its own thread, so stages overlap.
         pipeline_depth: batches allowed to wait between stages (default 2); bounds memory.
         torch_threads: intra-op threads for the model forward (default 1, leaving cores to the
-            sampler threads).
+            sampler threads); with ``num_lanes``, each lane's.
         shed_late: reject (HTTP 429) requests that queueing alone would make miss their deadline
             (default True): a new request is refused at once while the oldest queued one has
             waited longer than ``max(slo - service, service)`` (``service``: median time from a
@@ -38,6 +38,28 @@ class ServeConfig:
             admitted requests keep the SLO. False: only ``queue_capacity`` bounds admission.
         fast_lane: an idle engine runs its next batch's stages back to back on one thread
             without the batch window (default True; ``Engine`` documents it).
+        num_lanes: 0 (default) runs the staged pipeline (batcher thread -> ``num_sampler_workers``
+            sampler threads -> one model thread, with the fast lane when idle). N >= 1 runs N
+            *lanes* instead: each lane thread takes what is queued when it is free and runs
+            that batch's sampling, gather and model back to back, with ``torch_threads``
+            intra-op threads of its own (``Server.from_dataset`` gives its sampling and
+            gather calls no helper threads: the lanes are the parallelism). A request
+            arriving while one lane runs a large batch starts at once on a free lane rather
+            than queueing behind it, and batches grow with the queue (not with a window) when
+            every lane is busy. On 2 cores, 2 lanes x 1 torch thread keep exactly two
+            computing threads, so no OpenMP team waits for a descheduled member;
+            ``max_wait_ms``, ``num_sampler_workers``, ``pipeline_depth`` and ``fast_lane``
+            are unused.
+        adaptive_batch: cap a batch's seeds by the SLO: when a batch closes, its oldest
+            request has ``slo - waited`` left, and the batch takes only as many seeds as the
+            measured service time (``a + b x seeds``, fitted over recent batches) fits in that
+            (always its first request; ``max_batch_nodes`` at most). When the oldest request
+            cannot make its deadline anyway the cap is ``max_batch_nodes``, so an overload is
+            served at the highest throughput. False: ``max_batch_nodes`` only. Default
+            (None): on with lanes, where a busy lane's next batch would otherwise be the whole
+            queue (slower, so a longer queue forms behind it: a snowball the cap cuts), off
+            for the staged pipeline, whose short batch window already keeps batches small
+            and whose single model thread pays each extra batch's overhead.
         max_body_bytes: largest ``POST /v1/predict`` body (default 1 MiB); a longer one is
             answered 413 as soon as its ``content-length`` or its first bytes past the limit
             arrive, without reading the rest.
@@ -63,10 +85,19 @@ class ServeConfig:
     torch_threads: int = 1
     shed_late: bool = True
     fast_lane: bool = True
+    num_lanes: int = 0
+    adaptive_batch: bool | None = None
     max_body_bytes: int = 1 << 20
     read_timeout_s: float = 5.0
     shutdown_timeout_s: float = 5.0
     docs: bool = False
+
+    @property
+    def batch_cap_on(self) -> bool:
+        """Whether the adaptive batch cap applies (``adaptive_batch``, resolved)."""
+        if self.adaptive_batch is None:
+            return self.num_lanes > 0
+        return bool(self.adaptive_batch)
 
     def __post_init__(self):
         for name in (
@@ -80,6 +111,8 @@ class ServeConfig:
         ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"serve config: {name} must be >= 1, got {getattr(self, name)}")
+        if int(self.num_lanes) < 0:
+            raise ValueError(f"serve config: num_lanes must be >= 0, got {self.num_lanes}")
         for name in ("max_wait_ms", "slo_ms"):
             if float(getattr(self, name)) < 0:
                 raise ValueError(f"serve config: {name} must be >= 0, got {getattr(self, name)}")

@@ -3,7 +3,10 @@
 Stages run in their own threads and overlap: while the model thread runs batch k, sampler
 workers already sample and gather batch k+1 (the numba sampler and torch release the GIL).
 An idle engine skips the hand-offs: its next batch closes at once and runs every stage on the
-batcher thread (the fast lane, ``Engine(fast_lane=True)``, the default).
+batcher thread (the fast lane, ``Engine(fast_lane=True)``, the default). With
+``ServeConfig.num_lanes = N`` the stages are not split over threads at all: N lane threads
+each take the queued requests as one batch when free and run it back to back, so a request
+never queues behind a batch while a lane is free.
 Bounded queues between stages keep memory flat; a full admission queue rejects (HTTP 429), and
 with ``shed_late`` so does a queue whose wait alone would break the deadline (see ServeConfig).
 Every request is answered: with its result (flagged ``late`` past its deadline) or an error.
@@ -139,9 +142,12 @@ class Engine:
         if self._started:
             return self
         torch.set_num_threads(self.cfg.torch_threads)
-        self._roles = {"batcher": self._batch_loop, "model": self._model_loop}
-        for i in range(self.cfg.num_sampler_workers):
-            self._roles[f"sampler-{i}"] = self._sample_loop
+        if self.cfg.num_lanes > 0:
+            self._roles = {f"lane-{i}": self._lane_loop for i in range(self.cfg.num_lanes)}
+        else:
+            self._roles = {"batcher": self._batch_loop, "model": self._model_loop}
+            for i in range(self.cfg.num_sampler_workers):
+                self._roles[f"sampler-{i}"] = self._sample_loop
         for name in self._roles:
             self._spawn(name)
         self._supervisor = threading.Thread(
@@ -280,6 +286,36 @@ class Engine:
         for _ in range(self.cfg.num_sampler_workers):
             self._sample_q.put(_STOP)
 
+    def _lane_loop(self) -> None:
+        """One lane (``cfg.num_lanes > 0``): take what is queued, run it back to back, repeat.
+
+        No batch window: a free lane starts a request at once, and while every lane is busy
+        the queue grows into the next batch (capped by the SLO, see ``slo_batch_cap``).
+        """
+        while True:
+            batch = self.batcher.next_batch(timeout=0.1, max_wait_ms=0.0)
+            if batch is None:
+                if self.batcher._closed and self.batcher.depth() == 0:
+                    return
+                continue
+            closed = time.perf_counter()
+            self._enter_pipeline()
+            try:
+                batch = self._shed(batch, closed)
+                if batch is None:
+                    continue
+                s = self._sample(batch, closed, closed)
+                s.lane = "fast"
+                self._run_model(s)
+            except Exception as e:  # one bad batch answers its requests with the error
+                log.exception("lane failed for a batch of %d requests", len(batch.requests))
+                self._fail(batch, e)
+            except BaseException as e:  # the thread dies: answer first, the supervisor restarts it
+                self._fail(batch, RuntimeError(f"lane thread died: {e!r}"))
+                raise
+            finally:
+                self._leave_pipeline()
+
     def _enter_pipeline(self) -> None:
         with self._pipe_lock:
             self._in_pipeline += 1
@@ -362,7 +398,17 @@ class Engine:
         seeds = np.concatenate([r.nodes for r in keep])
         return Batch(keep, seeds, sum(r.psgs for r in keep), batch.closed_by)
 
+    def _own_threads(self) -> None:
+        """Run this thread's torch ops on ``cfg.torch_threads`` intra-op threads.
+
+        Checked per batch: another engine in the process (a benchmark's other configuration,
+        a test) may have changed the setting since this one started.
+        """
+        if torch.get_num_threads() != self.cfg.torch_threads:
+            torch.set_num_threads(self.cfg.torch_threads)
+
     def _sample(self, batch: Batch, picked: float, closed: float) -> _Sampled:
+        self._own_threads()
         unique, inverse = np.unique(batch.seeds, return_inverse=True)
         seeds = torch.from_numpy(unique)
         route = getattr(self.sampler, "route", None)
@@ -399,6 +445,7 @@ class Engine:
     def _run_model(self, s: _Sampled) -> None:
         batch = s.batch
         want_emb = any(r.output == "embedding" for r in batch.requests)
+        self._own_threads()
         started = time.perf_counter()
         emb, logits = self._forward(s.x, s.adjs, want_emb)
         # rows per seed of the batch, in request order: (len(batch.seeds), C)
@@ -406,7 +453,7 @@ class Engine:
         classes = logits_np.argmax(axis=1)
         emb_np = emb.float().cpu().numpy()[s.inverse] if emb is not None else None
         now = time.perf_counter()
-        self.batcher.observe_service(now - s.picked)
+        self.batcher.observe_service(now - s.picked, len(batch.seeds))
         first = min(r.arrival for r in batch.requests)
         for stage, dt in (
             ("queue", s.picked - first),

@@ -47,7 +47,7 @@ class _LiveGauges:
         yield o
         lanes = CounterMetricFamily(
             "quiver_lane_batches",
-            "Batches answered by lane: fast (idle, one thread), split, pipeline",
+            "Batches answered by lane: fast (idle, or a --lanes lane: one thread), split, pipeline",
             labels=["lane"],
         )
         for lane, count in self.engine.lanes.items():
@@ -99,7 +99,8 @@ class EngineMetrics:
         )
         self.batches = Counter(
             "quiver_batches",
-            "Batches run, by sampling path and closing reason",
+            "Batches run, by sampling path and closing reason (nodes, psgs, wait, slo: the "
+            "adaptive cap)",
             ["path", "closed_by"],
             registry=r,
         )

@@ -31,6 +31,10 @@ class Server:
         self.engine = engine
         self.info = info
         self.http = None
+        #: the host's ``quiver.feature.peer.PeerFeature`` when serving a partition's shard
+        self.peers = None
+        #: after :meth:`stop`: False when a peer still served (or was lost) past the linger
+        self.stopped_cleanly = True
 
     @classmethod
     def from_dataset(
@@ -49,6 +53,7 @@ class Server:
         trust_pickle: bool = False,
         convention: str | None = None,
         precision: str = "fp32",
+        peers=None,
     ) -> Server:
         """Build a server for a prepared dataset and a model.
 
@@ -70,8 +75,9 @@ class Server:
                 memory.
             gpu_cache: bytes of feature rows cached on ``device`` when it is a GPU.
             sampler_threads: threads one CPU sampling call may use for a large hop (default:
-                all cores). 1 leaves parallelism to the ``num_sampler_workers`` batches in
-                flight and avoids waking an idle core per request.
+                all cores; 1 with ``cfg.num_lanes``, whose lanes sample and gather on their own
+                thread). 1 leaves parallelism to the ``num_sampler_workers`` batches in flight
+                and avoids waking an idle core per request.
             model: ``package.module:function`` that builds the module a ``state_dict``
                 checkpoint is for (called without arguments).
             trust_pickle: allow a checkpoint that unpickles arbitrary objects.
@@ -84,6 +90,11 @@ class Server:
                 now (``quiver.precision.measure_precision``, a few seconds) and recorded there.
                 Logits and embeddings are fp32 either way. A bf16-stored dataset (``quiver
                 prepare --feature-dtype bf16``) is gathered in bf16 under every setting.
+            peers: a ``quiver.feature.peer.PeerConfig``: serve as one host of a ``quiver
+                partition`` of the dataset. The host holds its owned + replicated rows in RAM
+                and fetches the others from their owners (one exchange per batch), answering
+                the other hosts' requests meanwhile; building the server waits for every host
+                to join (``peers.join_timeout_s``). Not with ``feature_cache``.
         """
         import torch
 
@@ -131,6 +142,11 @@ class Server:
         sizes = fanouts + fanouts[-1:] * minfo["extra_hops"]
         frontier = minfo["frontier"]
         cfg = cfg or ServeConfig()
+        if cfg.num_lanes > 0 and sampler_threads is None:
+            # a lane runs its sampling and gather on its own thread: the lanes are the
+            # parallelism, and helper threads would contend with the other lanes for the cores
+            sampler_threads = 1
+        gather_threads = 1 if cfg.num_lanes > 0 else None
         net.to(device)
         choice, how = _precision_choice(
             precision, ds, net, sizes, frontier, device, cfg, sampler_threads
@@ -139,7 +155,12 @@ class Server:
         stored_bf16 = features.dtype == torch.bfloat16
         gather = "bf16" if stored_bf16 else choice.gather
         from_file = True  # else the bf16 rows converted in RAM feed --feature-cache
-        if choice.gather == "bf16" and not stored_bf16:
+        if peers is not None and feature_cache:
+            raise ValueError(
+                "--feature-cache does not apply to a partition's host (--host-rank): it holds "
+                "its shard in RAM"
+            )
+        if choice.gather == "bf16" and not stored_bf16 and peers is None:
             from quiver.feature.sizes import parse_bytes
 
             cache = parse_bytes(feature_cache or 0, "feature_cache")
@@ -153,7 +174,11 @@ class Server:
 
         net = PrecisionModel.wrap(net, DTYPES[choice.model], DTYPES[gather])
         precision_info = f"precision: gather {gather}, model {choice.model} ({how})"
-        if device.type == "cuda":
+        peer_features, peer_info = None, ""
+        if peers is not None:
+            features, peer_info = _peer_features(dataset_dir, peers, DTYPES[gather], gather_threads)
+            peer_features = features
+        elif device.type == "cuda":
             from quiver.feature import Feature
 
             features = Feature(
@@ -163,7 +188,13 @@ class Server:
             from quiver.feature import Feature
 
             store = Feature(
-                0, [], 0, csr_topo=ds.topo, sizes=fanouts, host_cache_size=feature_cache
+                0,
+                [],
+                0,
+                csr_topo=ds.topo,
+                sizes=fanouts,
+                host_cache_size=feature_cache,
+                num_threads=gather_threads,
             )
             if from_file:
                 path = Path(dataset_dir) / "features.npy"
@@ -202,9 +233,11 @@ class Server:
         info = (
             f"{name}: {ds.num_nodes:,} nodes, {ds.topo.edge_count:,} edges; "
             f"{minfo['kind']}, input {minfo['convention']}, fanouts {fanouts}{extra}; "
-            f"{path_info}; model on {device}; {precision_info}"
+            f"{path_info}; model on {device}; {precision_info}{peer_info}"
         )
-        return cls(engine, info)
+        server = cls(engine, info)
+        server.peers = peer_features
+        return server
 
     def start(self, host: str = "127.0.0.1", port: int | None = None) -> Server:
         """Warm up, start the engine; with ``port`` (0 = any free one) also serve HTTP.
@@ -235,17 +268,37 @@ class Server:
         return self.engine.predict(nodes, output, timeout)
 
     def stop(self) -> None:
-        """Stop HTTP first (no new requests), then drain and stop the engine."""
+        """Stop HTTP first (no new requests), then drain and stop the engine; a partition's
+        host then leaves its peers (``PeerFeature.close``: it keeps answering them until they
+        stop too, at most ``linger_s``; :attr:`stopped_cleanly` says whether they did)."""
         if self.http is not None:
             self.http.stop()
             self.http = None
         self.engine.stop()
+        if self.peers is not None:
+            self.stopped_cleanly = self.peers.close()
 
     def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _peer_features(dataset_dir, peers, dtype, num_threads=None):
+    """``(PeerFeature, info)`` of this host's shard, joined to the other hosts."""
+    from quiver.feature.peer import PeerFeature
+
+    feat = PeerFeature.from_prepared(dataset_dir, peers, dtype=dtype, num_threads=num_threads)
+    part = feat.partition
+    owned = int((part.owner == peers.host_rank).sum())
+    local = feat.local_ids.numel()
+    info = (
+        f"; features: host {peers.host_rank} of {peers.hosts}, {local:,} rows local ({owned:,} "
+        f"owned + {local - owned:,} replicated of {part.num_nodes:,}), the rest from their "
+        f"owners over gloo (rendezvous {peers.peer_addr})"
+    )
+    return feat, info
 
 
 def _precision_choice(precision, ds, net, sizes, frontier, device, cfg, sampler_threads):
