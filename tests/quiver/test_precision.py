@@ -57,6 +57,7 @@ def _copy_data(world, tmp_path):
 
 
 def _logits(data, ckpt, **kw):
+    kw.setdefault("fold", "off")  # the unfolded paths (folding: test_folded.py)
     cfg = ServeConfig(max_batch_nodes=N, max_request_nodes=N)
     with Server.from_dataset(data, ckpt, cfg, seed=0, **kw) as server:
         res = server.predict(list(range(N)), output="logits")

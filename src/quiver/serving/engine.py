@@ -77,6 +77,9 @@ class Engine:
             ``route(seeds) -> (path, psgs)`` (HybridSampler), the path labels the batch in
             the metrics.
         features: ``quiver.Feature`` or a tensor; ``features[n_id]`` gives ``(len(n_id), F)``.
+            An object with ``gather_layer(n_id, adjs) -> (x, adjs_left)`` (a
+            ``quiver.serving.folded.FoldedFirstLayer``) replaces the gather and the model's
+            first layers; ``model`` then runs on what it returns.
         model: ``forward(x, adjs)`` for logits and ``forward_all(x, adjs)`` for
             ``(embedding, logits)`` (a ``quiver.models.SampledGNN`` or a
             ``quiver.usermodel.ServedModel``); any other ``forward(x, adjs)`` module is wrapped
@@ -109,6 +112,7 @@ class Engine:
         self.cfg = cfg or ServeConfig()
         self.sampler = sampler
         self.features = features
+        self._gather_layer = getattr(features, "gather_layer", None)
         if not callable(getattr(model, "forward_all", None)):
             from quiver.usermodel import ServedModel
 
@@ -168,7 +172,15 @@ class Engine:
             return
         torch.set_num_threads(self.cfg.torch_threads)
         n_id, _, adjs = self.sampler.sample(torch.tensor([int(node)], dtype=torch.int64))
-        self._forward(self.features[n_id], adjs)
+        self._forward(*self._gather(n_id, adjs))
+
+    def _gather(self, n_id, adjs) -> tuple:
+        """``(model input, hops the model runs)`` of a sampled batch: the gathered rows and
+        every hop, or a folded store's first-layer output and the hops after it."""
+        if self._gather_layer is not None:
+            with torch.inference_mode():
+                return self._gather_layer(n_id, adjs)
+        return self.features[n_id], adjs
 
     def _forward(self, x, adjs, want_emb: bool = False):
         """``(embedding or None, logits)`` of the seeds, on the model's device."""
@@ -419,11 +431,11 @@ class Engine:
         n_id, batch_size, adjs = self.sampler.sample(seeds)
         assert batch_size == len(unique), "sampler must put the seeds first in n_id"
         sampled = time.perf_counter()
-        x = self.features[n_id]
+        x, model_adjs = self._gather(n_id, adjs)
         if self.record:
             self.recorded.append((seeds, n_id, adjs))
         gathered = time.perf_counter()
-        return _Sampled(batch, inverse, x, adjs, str(path), picked, sampled, gathered, closed)
+        return _Sampled(batch, inverse, x, model_adjs, str(path), picked, sampled, gathered, closed)
 
     def _model_loop(self) -> None:
         while self._model_stops < self.cfg.num_sampler_workers:

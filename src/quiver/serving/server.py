@@ -11,7 +11,10 @@ Example::
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
+
+import torch
 
 from quiver.serving.config import ServeConfig
 from quiver.serving.engine import Engine
@@ -54,6 +57,7 @@ class Server:
         convention: str | None = None,
         precision: str = "fp32",
         peers=None,
+        fold: str = "auto",
     ) -> Server:
         """Build a server for a prepared dataset and a model.
 
@@ -95,6 +99,13 @@ class Server:
                 and fetches the others from their owners (one exchange per batch), answering
                 the other hosts' requests meanwhile; building the server waits for every host
                 to join (``peers.join_timeout_s``). Not with ``feature_cache``.
+            fold: ``"auto"`` (default), ``"on"`` or ``"off"``: fold a SAGE model's first
+                layer into the feature table (``quiver.serving.folded``): two ``(N, hidden)``
+                tables replace the ``(N, F)`` features, and layer 1 becomes a gather with no
+                GEMM. ``"auto"`` folds when the model allows it, the features are served from
+                RAM on the CPU, the tables fit in half the available memory, and the folded
+                path is measured faster on sampled batches at start-up; ``"on"`` folds or
+                refuses in one line.
         """
         import torch
 
@@ -172,10 +183,29 @@ class Server:
                 from_file = False
         from quiver.precision import DTYPES, PrecisionModel
 
+        raw_net = net
         net = PrecisionModel.wrap(net, DTYPES[choice.model], DTYPES[gather])
         precision_info = f"precision: gather {gather}, model {choice.model} ({how})"
+        folded, fold_info = _fold_choice(
+            fold,
+            raw_net,
+            net,
+            ds,
+            features,
+            DTYPES[gather],
+            DTYPES[choice.model],
+            dict(peers=peers, feature_cache=feature_cache, device=device),
+            sizes,
+            frontier,
+            cfg,
+            sampler_threads,
+        )
+        if folded is not None:
+            features, net = folded, folded.tail
         peer_features, peer_info = None, ""
-        if peers is not None:
+        if folded is not None:
+            pass  # the folded tables are the store
+        elif peers is not None:
             features, peer_info = _peer_features(dataset_dir, peers, DTYPES[gather], gather_threads)
             peer_features = features
         elif device.type == "cuda":
@@ -233,7 +263,7 @@ class Server:
         info = (
             f"{name}: {ds.num_nodes:,} nodes, {ds.topo.edge_count:,} edges; "
             f"{minfo['kind']}, input {minfo['convention']}, fanouts {fanouts}{extra}; "
-            f"{path_info}; model on {device}; {precision_info}{peer_info}"
+            f"{path_info}; model on {device}; {precision_info}{fold_info}{peer_info}"
         )
         server = cls(engine, info)
         server.peers = peer_features
@@ -299,6 +329,104 @@ def _peer_features(dataset_dir, peers, dtype, num_threads=None):
         f"owners over gloo (rendezvous {peers.peer_addr})"
     )
     return feat, info
+
+
+def _fold_choice(
+    fold,
+    raw_net,
+    net,
+    ds,
+    features,
+    table_dtype,
+    model_dtype,
+    where,
+    sizes,
+    frontier,
+    cfg,
+    sampler_threads,
+):
+    """``(FoldedFirstLayer or None, info)`` for ``Server.from_dataset``'s ``fold``."""
+    from quiver.serving.folded import FOLD_CHOICES, FoldedFirstLayer, measure_fold, why_not_foldable
+
+    if fold not in FOLD_CHOICES:
+        raise ValueError(
+            f"--fold-first-layer must be one of {', '.join(FOLD_CHOICES)}, got {fold!r}"
+        )
+    if fold == "off":
+        return None, ""
+    reason = why_not_foldable(raw_net)
+    if reason is None and where["device"].type != "cpu":
+        reason = f"the model runs on {where['device']}"
+    if reason is None and where["peers"] is not None:
+        reason = "a partition's host (--host-rank) serves its shard of the raw features"
+    if reason is None and where["feature_cache"]:
+        reason = "--feature-cache serves the raw features from the memory-mapped file"
+    # "auto" also measures an fp32 table when the gather runs in bf16: a bf16 neighbour mean
+    # is not faster on every CPU (converting rows can cost more than the bytes it saves)
+    build_dtype = torch.float32 if fold == "auto" else table_dtype
+    if reason is None:
+        hidden = raw_net.convs[0].lin_l.weight.shape[0]
+        need = 2 * ds.num_nodes * hidden * torch.empty((), dtype=build_dtype).element_size()
+        avail = _available_ram()
+        if avail is not None and need > (avail // 2 if fold == "auto" else avail):
+            reason = f"its tables need {_gib(need)} and {_gib(avail)} of RAM is available" + (
+                " (auto folds within half of it)" if fold == "auto" else ""
+            )
+    if reason is not None:
+        if fold == "on":
+            raise ValueError(f"--fold-first-layer on: cannot fold: {reason}")
+        return None, f"; first layer not folded ({reason})"
+    from quiver.precision import PrecisionModel
+
+    folded = FoldedFirstLayer(raw_net, ds.features, dtype=build_dtype, progress=sys.stderr.isatty())
+    folded.tail = PrecisionModel.wrap(folded.tail, model_dtype, torch.float32)
+    built = f"built in {folded.build_s:.1f} s"
+    how = ""
+    if fold == "auto":
+        from quiver.pyg import GraphSageSampler
+
+        folds = {_DTYPE_NAMES[build_dtype]: folded}
+        if table_dtype != build_dtype:
+            folds[_DTYPE_NAMES[table_dtype]] = folded.to(table_dtype)
+        sampler = GraphSageSampler(
+            ds.topo, sizes, mode="CPU", seed=0, num_threads=sampler_threads, frontier=frontier
+        )
+        m = measure_fold(
+            sampler, features, net, folds, ds.num_nodes, repeats=2, num_threads=cfg.torch_threads
+        )
+        best = min(m["folded_s"], key=m["folded_s"].get)
+        speed = m["unfolded_s"] / max(m["folded_s"][best], 1e-9)
+        if not m["folded_s"][best] < 0.95 * m["unfolded_s"]:
+            return None, (
+                f"; first layer not folded (measured {speed:.2f}x the unfolded gather + model "
+                "speed on sampled batches)"
+            )
+        folded = folds[best]
+        how = f"; gather + model {speed:.2f}x faster on sampled batches"
+        if len(folds) > 1:
+            other = next(n for n in folds if n != best)
+            how += f", {best} tables {m['folded_s'][other] / m['folded_s'][best]:.2f}x {other}"
+    shape = f"2 x {folded.num_nodes:,} x {folded.hidden} {_DTYPE_NAMES[folded.dtype]}"
+    info = f"; first layer folded into {shape} tables ({_gib(folded.nbytes)}, {built}{how})"
+    return folded, info
+
+
+_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def _available_ram() -> int | None:
+    """``MemAvailable`` from /proc/meminfo in bytes (None where there is none)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _precision_choice(precision, ds, net, sizes, frontier, device, cfg, sampler_threads):
