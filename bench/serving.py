@@ -124,6 +124,12 @@ def parse_args(argv=None):
         help="Quiver's serving precision (auto: measured on this CPU, see quiver serve)",
     )
     # Quiver's staged configuration as tuned on the 2-core machine (see BENCHMARKS.md)
+    p.add_argument(
+        "--fold",
+        default="auto",
+        choices=["auto", "on", "off"],
+        help="Quiver's --fold-first-layer (auto: measured at start-up, see quiver serve)",
+    )
     p.add_argument("--max-batch-nodes", type=int, default=256, help="Quiver batch seeds (256)")
     p.add_argument("--max-wait-ms", type=float, default=2.0, help="Quiver batch wait (2 ms)")
     p.add_argument("--sampler-workers", type=int, default=1, help="Quiver sampler threads (1)")
@@ -354,6 +360,7 @@ class QuiverSystem:
             seed=args.seed,
             feature_cache=self.feature_bytes,
             precision=args.precision,
+            fold=args.fold,
         )
         self.server.engine.warmup()
         self.all_threads = default_call_threads(self.server.engine)

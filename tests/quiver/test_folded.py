@@ -173,6 +173,12 @@ def test_auto_folds_only_when_measured_faster(world, monkeypatch):
     assert "first layer not folded (its first layer is gcn, not SAGE)" in server.info
 
 
+def test_a_feature_cache_of_every_row_still_folds(world):
+    d, *_ = world
+    _, _, server = _serve(d / "data", d / "sage.pt", fold="on", feature_cache=N * DIM * 4)
+    assert isinstance(server.engine.features, FoldedFirstLayer)
+
+
 def test_auto_skips_tables_that_do_not_fit(world, monkeypatch):
     d, *_ = world
     from quiver.serving import server as server_mod
@@ -188,7 +194,7 @@ def test_auto_skips_tables_that_do_not_fit(world, monkeypatch):
     "extra, message",
     [
         (["--checkpoint", "gcn.pt"], "cannot fold: its first layer is gcn, not SAGE"),
-        (["--feature-cache", "1K"], "cannot fold: --feature-cache serves the raw features"),
+        (["--feature-cache", "1K"], "cannot fold: a partial --feature-cache serves the raw"),
     ],
 )
 def test_fold_on_refusals_are_one_line(world, capsys, extra, message):

@@ -360,7 +360,11 @@ def _fold_choice(
     if reason is None and where["peers"] is not None:
         reason = "a partition's host (--host-rank) serves its shard of the raw features"
     if reason is None and where["feature_cache"]:
-        reason = "--feature-cache serves the raw features from the memory-mapped file"
+        from quiver.feature.sizes import parse_bytes
+
+        full = ds.features.numel() * ds.features.element_size()
+        if parse_bytes(where["feature_cache"], "feature_cache") < full:
+            reason = "a partial --feature-cache serves the raw features from the memory-mapped file"
     # "auto" also measures an fp32 table when the gather runs in bf16: a bf16 neighbour mean
     # is not faster on every CPU (converting rows can cost more than the bytes it saves)
     build_dtype = torch.float32 if fold == "auto" else table_dtype
