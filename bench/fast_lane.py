@@ -154,7 +154,7 @@ def back_to_back(engine, sizes=(1, 32, 64), reps: int = 20) -> dict:
             t0 = time.perf_counter()
             n_id, _, adjs = engine.sampler.sample(seeds)
             t1 = time.perf_counter()
-            x = engine.features[n_id]
+            x, adjs = engine.gather_inputs(n_id, adjs)
             t2 = time.perf_counter()
             with torch.inference_mode():
                 engine.model(x, adjs)

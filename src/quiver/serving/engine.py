@@ -172,9 +172,9 @@ class Engine:
             return
         torch.set_num_threads(self.cfg.torch_threads)
         n_id, _, adjs = self.sampler.sample(torch.tensor([int(node)], dtype=torch.int64))
-        self._forward(*self._gather(n_id, adjs))
+        self._forward(*self.gather_inputs(n_id, adjs))
 
-    def _gather(self, n_id, adjs) -> tuple:
+    def gather_inputs(self, n_id, adjs) -> tuple:
         """``(model input, hops the model runs)`` of a sampled batch: the gathered rows and
         every hop, or a folded store's first-layer output and the hops after it."""
         if self._gather_layer is not None:
@@ -431,7 +431,7 @@ class Engine:
         n_id, batch_size, adjs = self.sampler.sample(seeds)
         assert batch_size == len(unique), "sampler must put the seeds first in n_id"
         sampled = time.perf_counter()
-        x, model_adjs = self._gather(n_id, adjs)
+        x, model_adjs = self.gather_inputs(n_id, adjs)
         if self.record:
             self.recorded.append((seeds, n_id, adjs))
         gathered = time.perf_counter()
