@@ -1,6 +1,6 @@
 """Random reads from 4 KiB pages against 2 MiB transparent huge pages (anonymous memory,
-``madvise(MADV_HUGEPAGE)``): sampling over the graph's ``indices`` and the folded first layer over its node tables, the same
-batches on both layouts, interleaved.
+``madvise(MADV_HUGEPAGE)``): sampling over the graph's ``indices`` and the folded first layer
+over its node tables, the same batches on both layouts, interleaved.
 
 - ``sample``: the serving sampler (1 thread) on the prepared topology as loaded (memory-mapped
   ``.npy``, page cache) and on a copy in huge pages;
