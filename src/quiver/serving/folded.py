@@ -152,6 +152,8 @@ class FoldedFirstLayer:
             ``(relu(h1) (num_dst, H) fp32, adjs[1:])``.
         """
         edge_index, _, (_, num_dst) = adjs[0]
+        # a GPU-sampled batch (HybridSampler) reads the host tables with host ids
+        n_id, edge_index = n_id.cpu(), edge_index.cpu()
         src, dst = edge_index[0], edge_index[1]
         if dst.numel() > 1 and not bool((dst[1:] >= dst[:-1]).all()):
             order = torch.argsort(dst, stable=True)  # bags need edges grouped by target
@@ -226,8 +228,9 @@ def measure_fold(
                 return folds[name].tail(x, rest)
 
             names = list(t)
-            for name in names:  # warm-up: first-touch pages, kernel set-up
-                run(name, *batches[0])
+            for name in names:  # warm-up on every size: first-touch pages, kernel set-up
+                for j in range(0, len(batches), repeats):
+                    run(name, *batches[j])
             for i, (n_id, adjs) in enumerate(batches):
                 outs = {}
                 k = i % len(names)
