@@ -56,6 +56,7 @@ def trained(tmp_path_factory):
 
 
 def _served_logits(d, ckpt, **kw):
+    kw.setdefault("fold", "off")  # exact equality below; folding has its own tests
     with Server.from_dataset(d, ckpt, fanouts=[-1, -1], sampler_threads=1, **kw) as server:
         return server.predict(NODES, output="logits").values
 

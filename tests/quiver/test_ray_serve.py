@@ -112,7 +112,8 @@ def test_replicas_answer_the_single_process_logits(cluster, trained):
 
     d, ckpt = trained
     cfg = ServeConfig(slo_ms=2000, num_sampler_workers=1)
-    with Server.from_dataset(d, ckpt, cfg, fanouts=[-1, -1], seed=0) as server:
+    # replicas do not fold under auto (they share the mapped features): nor does the reference
+    with Server.from_dataset(d, ckpt, cfg, fanouts=[-1, -1], seed=0, fold="off") as server:
         want = server.predict(NODES, output="logits").values
     with httpx.Client(base_url=cluster, timeout=10) as client:
         pids = _replica_pids(client)

@@ -211,7 +211,8 @@ def test_two_serving_hosts_answer_the_single_process_logits(trained):
     hosts = _spawn_hosts(d, ckpt)
     try:
         cfg = ServeConfig(slo_ms=5000, num_sampler_workers=2)
-        with Server.from_dataset(d, ckpt, cfg, fanouts=[-1, -1], seed=0) as server:
+        # hosts serve the raw features (a host never folds), so the reference does not either
+        with Server.from_dataset(d, ckpt, cfg, fanouts=[-1, -1], seed=0, fold="off") as server:
             want = [server.predict(nodes, output="logits").values for nodes in NODES]
         _wait_ready(hosts)
         print(f"2 hosts up in {time.monotonic() - t0:.1f} s")
