@@ -287,12 +287,18 @@ def parse_mode(mode: str) -> dict:
     Sampling and gather calls use helper threads (all cores) in the staged modes and only the
     calling thread in lane modes, as ``Server.from_dataset`` sets them up; suffix ``-1t`` /
     ``-mt`` picks one or the other. Suffix ``-cap`` / ``-nocap``: the adaptive batch cap on /
-    off (default: on with lanes, off staged, as ``ServeConfig.adaptive_batch``).
+    off (default: on with lanes, off staged, as ``ServeConfig.adaptive_batch``). Suffix
+    ``-splitN``: ``ServeConfig.split_seeds = N`` (lanes: a lone lane's batch of N+ seeds
+    split over two threads).
 
     Returns ``{"cfg": ServeConfig changes, "fast_lane": bool, "single_thread_calls": bool}``;
     ValueError when malformed.
     """
     base, *flags = mode.split("-")
+    split = [f for f in flags if f.startswith("split")]
+    flags = [f for f in flags if not f.startswith("split")]
+    if any(not f.removeprefix("split").isdigit() for f in split) or len(split) > 1:
+        raise ValueError(f"mode {mode!r}: write -splitN, e.g. lanes2x1-split24")
     if set(flags) - {"1t", "mt", "cap", "nocap"} or {"1t", "mt"} <= set(flags):
         raise ValueError(f"mode {mode!r}: unknown suffix; use -1t or -mt, -cap or -nocap")
     if {"cap", "nocap"} <= set(flags):
@@ -319,6 +325,8 @@ def parse_mode(mode: str) -> dict:
     spec["single_thread_calls"] = "1t" in flags or (base.startswith("lanes") and "mt" not in flags)
     if "nocap" in flags or "cap" in flags:
         spec["cfg"]["adaptive_batch"] = "cap" in flags
+    if split:
+        spec["cfg"]["split_seeds"] = int(split[0].removeprefix("split"))
     return spec
 
 

@@ -222,3 +222,43 @@ def test_serve_cli_lane_and_batch_options(flags, want):
     args = build_parser().parse_args(["serve", "data", "--checkpoint", "c.pt", *flags])
     cfg = serve_config(args)
     assert {k: getattr(cfg, k) for k in want} == want
+
+
+def test_a_lone_lanes_large_batch_is_split_over_two_threads(world, monkeypatch):
+    """``split_seeds``: with the other lane idle, a large request's unique seeds are halved and
+    the second half runs on the splitter thread; the answers equal an unsplit engine's."""
+    halves = []
+    real = Engine._half
+
+    def spy(self, seeds, want_emb):
+        halves.append((threading.current_thread().name, seeds.tolist()))
+        return real(self, seeds, want_emb)
+
+    monkeypatch.setattr(Engine, "_half", spy)
+    split = ServeConfig(num_lanes=2, split_seeds=8, max_batch_nodes=64, slo_ms=60_000)
+    plain = ServeConfig(num_lanes=2, max_batch_nodes=64, slo_ms=60_000)
+    engines = [
+        Engine(world.sampler, world.x, world.model, world.n, c).start() for c in (split, plain)
+    ]
+    try:
+        nodes = [5, 9, 9, 40, 41, 77, 120, 3, 200, 150, 5, 260]  # 10 distinct, 2 repeated
+        for output in ("logits", "embedding", "class"):
+            got, want = (e.predict(nodes, output=output, timeout=30).values for e in engines)
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        np.testing.assert_allclose(
+            engines[0].predict(nodes, output="logits", timeout=30).values,
+            world.offline(range(world.n))[nodes], atol=1e-5,
+        )  # fmt: skip
+        assert engines[0].splits == 4 and engines[1].splits == 0
+        # the second half of the sorted distinct seeds, on the splitter thread
+        assert halves[0] == ("quiver-split_0", [77, 120, 150, 200, 260])
+        engines[0].predict([1, 2, 3], output="logits", timeout=30)  # under split_seeds
+        assert engines[0].splits == 4
+    finally:
+        for e in engines:
+            e.stop(timeout=30)
+
+
+def test_split_seeds_must_be_off_or_at_least_two():
+    with pytest.raises(ValueError, match="split_seeds must be 0"):
+        ServeConfig(num_lanes=2, split_seeds=1)

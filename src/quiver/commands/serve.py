@@ -43,6 +43,15 @@ def add_serve_options(p) -> None:
         "staged pipeline, --sampler-workers + one model thread) (0)",
     )
     p.add_argument(
+        "--split-seeds",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --lanes: a batch of N or more distinct seeds taken while every other lane "
+        "is idle is split in two, its second half sampled and run on a helper thread, so a "
+        "large request at light load uses two cores (0: never) (0)",
+    )
+    p.add_argument(
         "--adaptive-batch",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -148,6 +157,7 @@ def serve_config(args):
         torch_threads=args.torch_threads,
         num_lanes=args.lanes,
         adaptive_batch=args.adaptive_batch,
+        split_seeds=args.split_seeds,
         shed_late=args.shed_late,
         fast_lane=args.fast_lane,
         max_body_bytes=args.max_body_bytes,

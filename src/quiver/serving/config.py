@@ -60,6 +60,12 @@ class ServeConfig:
             queue (slower, so a longer queue forms behind it: a snowball the cap cuts), off
             for the staged pipeline, whose short batch window already keeps batches small
             and whose single model thread pays each extra batch's overhead.
+        split_seeds: with lanes, a batch of at least this many distinct seeds taken while
+            every other lane is idle is split in two: this lane runs the first half and a
+            helper thread the second, each sampling, gathering and running the model on its
+            half, so a large request at light load uses both cores without an OpenMP team.
+            0 (default) never splits. The two halves are sampled separately, so a node they
+            share is sampled twice (an answer is a sample either way).
         max_body_bytes: largest ``POST /v1/predict`` body (default 1 MiB); a longer one is
             answered 413 as soon as its ``content-length`` or its first bytes past the limit
             arrive, without reading the rest.
@@ -87,6 +93,7 @@ class ServeConfig:
     fast_lane: bool = True
     num_lanes: int = 0
     adaptive_batch: bool | None = None
+    split_seeds: int = 0
     max_body_bytes: int = 1 << 20
     read_timeout_s: float = 5.0
     shutdown_timeout_s: float = 5.0
@@ -111,6 +118,10 @@ class ServeConfig:
         ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"serve config: {name} must be >= 1, got {getattr(self, name)}")
+        if int(self.split_seeds) < 0 or int(self.split_seeds) == 1:
+            raise ValueError(
+                f"serve config: split_seeds must be 0 (off) or >= 2, got {self.split_seeds}"
+            )
         if int(self.num_lanes) < 0:
             raise ValueError(f"serve config: num_lanes must be >= 0, got {self.num_lanes}")
         for name in ("max_wait_ms", "slo_ms"):

@@ -66,6 +66,9 @@ class _Sampled:
     gathered: float = 0.0  # ... when the feature gather finished
     closed: float = 0.0  # ... when the batcher closed the batch
     lane: str = "pipeline"  # "fast": every stage on the batcher thread; "split": sampled there
+    # a lane's batch split in two (ServeConfig.split_seeds): the helper's (emb, logits) of the
+    # unique seeds after this half's
+    other_half: object = None
 
 
 class Engine:
@@ -139,6 +142,8 @@ class Engine:
         self.trace: list | None = None  # per-batch stage timestamps, when a list
         self._in_pipeline = 0  # batches closed and not yet answered (or failed, or shed)
         self._pipe_lock = threading.Lock()
+        self._splitter = None  # a one-thread pool running second halves (split_seeds)
+        self.splits = 0  # batches split in two
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -148,6 +153,10 @@ class Engine:
         torch.set_num_threads(self.cfg.torch_threads)
         if self.cfg.num_lanes > 0:
             self._roles = {f"lane-{i}": self._lane_loop for i in range(self.cfg.num_lanes)}
+            if self.cfg.split_seeds and not self.record:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._splitter = ThreadPoolExecutor(1, thread_name_prefix="quiver-split")
         else:
             self._roles = {"batcher": self._batch_loop, "model": self._model_loop}
             for i in range(self.cfg.num_sampler_workers):
@@ -221,6 +230,8 @@ class Engine:
             time.sleep(0.01)
         if self._supervisor is not None:
             self._supervisor.join(max(0.0, deadline - time.monotonic()))
+        if self._splitter is not None:
+            self._splitter.shutdown(wait=False)
         self._started = False
 
     def __enter__(self) -> Engine:
@@ -316,7 +327,7 @@ class Engine:
                 batch = self._shed(batch, closed)
                 if batch is None:
                     continue
-                s = self._sample(batch, closed, closed)
+                s = self._sample(batch, closed, closed, split=self._splitter is not None)
                 s.lane = "fast"
                 self._run_model(s)
             except Exception as e:  # one bad batch answers its requests with the error
@@ -419,9 +430,29 @@ class Engine:
         if torch.get_num_threads() != self.cfg.torch_threads:
             torch.set_num_threads(self.cfg.torch_threads)
 
-    def _sample(self, batch: Batch, picked: float, closed: float) -> _Sampled:
+    def _half(self, seeds: torch.Tensor, want_emb: bool):
+        """``(embedding or None, logits)`` of ``seeds``, sampled, gathered and run here (the
+        second half of a split batch, on the splitter thread)."""
+        self._own_threads()
+        n_id, _, adjs = self.sampler.sample(seeds)
+        return self._forward(*self.gather_inputs(n_id, adjs), want_emb)
+
+    def _sample(self, batch: Batch, picked: float, closed: float, split: bool = False) -> _Sampled:
         self._own_threads()
         unique, inverse = np.unique(batch.seeds, return_inverse=True)
+        other = None
+        if (
+            split
+            and len(unique) >= self.cfg.split_seeds
+            and self._in_pipeline == 1  # every other lane is idle: a core to spare
+            and self.batcher.depth() == 0
+        ):
+            half = len(unique) // 2
+            want_emb = any(r.output == "embedding" for r in batch.requests)
+            rest = torch.from_numpy(unique[half:])
+            other = self._splitter.submit(self._half, rest, want_emb)
+            unique = unique[:half]
+            self.splits += 1
         seeds = torch.from_numpy(unique)
         route = getattr(self.sampler, "route", None)
         path = "cpu"
@@ -435,7 +466,10 @@ class Engine:
         if self.record:
             self.recorded.append((seeds, n_id, adjs))
         gathered = time.perf_counter()
-        return _Sampled(batch, inverse, x, model_adjs, str(path), picked, sampled, gathered, closed)
+        return _Sampled(
+            batch, inverse, x, model_adjs, str(path), picked, sampled, gathered, closed,
+            other_half=other,
+        )  # fmt: skip
 
     def _model_loop(self) -> None:
         while self._model_stops < self.cfg.num_sampler_workers:
@@ -460,6 +494,10 @@ class Engine:
         self._own_threads()
         started = time.perf_counter()
         emb, logits = self._forward(s.x, s.adjs, want_emb)
+        if s.other_half is not None:  # the unique seeds' second half, from the splitter
+            emb2, logits2 = s.other_half.result()
+            logits = torch.cat([logits, logits2])
+            emb = torch.cat([emb, emb2]) if emb is not None else None
         # rows per seed of the batch, in request order: (len(batch.seeds), C)
         logits_np = logits.float().cpu().numpy()[s.inverse]
         classes = logits_np.argmax(axis=1)
