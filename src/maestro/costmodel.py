@@ -183,6 +183,8 @@ class SectionShape:
         out_bytes_per_unit: bytes of output sent to each consumer per unit (hidden states,
             logits); the same bytes come back as gradients.
         recompute: backward recomputes the forward (activation checkpointing).
+        tp_plan: the runtime can split the section's blocks tensor-parallel
+            (``maestro.parallel.tp.tp_refusal``); ``False``: planners keep it at ``tp = 1``.
     """
 
     layers: int
@@ -193,6 +195,7 @@ class SectionShape:
     tokens_per_unit: float = 1.0
     out_bytes_per_unit: float = 0.0
     recompute: bool = False
+    tp_plan: bool = True
 
     @functools.cached_property
     def params(self) -> float:
@@ -322,6 +325,9 @@ class SectionFacts:
         act_bytes: bytes per activation element.
         state_bytes: bytes of parameters, gradients and optimizer state of one unsharded
             replica (memory of a measured model; 0: unknown).
+        tp_plan: the runtime can split the blocks tensor-parallel
+            (``maestro.parallel.tp.tp_refusal`` finds no reason not to); ``False``: the
+            section runs at ``tp = 1`` only.
     """
 
     blocks: int
@@ -332,6 +338,7 @@ class SectionFacts:
     heads: int = 0
     act_bytes: float = 2.0
     state_bytes: float = 0.0
+    tp_plan: bool = True
 
 
 def facts_of(cost_model: CostModel, section: str) -> SectionFacts | None:
@@ -352,8 +359,16 @@ def facts_of(cost_model: CostModel, section: str) -> SectionFacts | None:
             block_fraction=sh.layers * per_block / sh.params if sh.params else 1.0,
             act_bytes=2.0,
             state_bytes=18.0 * sh.params,
+            tp_plan=sh.tp_plan,
         )
     return getattr(cost_model, "facts", {}).get(section)
+
+
+def splits_tp(cost_model: CostModel, section: str) -> bool:
+    """Whether ``section`` may run at ``tp > 1`` under ``cost_model``: its structure is known
+    (``facts_of``) and the runtime has a tensor-parallel plan for it (``tp_plan``)."""
+    facts = facts_of(cost_model, section)
+    return facts is not None and facts.tp_plan
 
 
 # ---------------------------------------------------------------------------------------------
@@ -660,4 +675,5 @@ __all__ = [
     "facts_of",
     "micro_batch_features",
     "preset",
+    "splits_tp",
 ]

@@ -367,8 +367,11 @@ def test_quiver_configurations_parse():
     assert serving_bench.parse_mode("staged-cap")["cfg"] == {"adaptive_batch": True}
     assert serving_bench.parse_mode("stagedx1")["cfg"] == {"torch_threads": 1}
     assert serving_bench.parse_mode("lanes2")["cfg"] == {"num_lanes": 2, "torch_threads": 1}
+    split = serving_bench.parse_mode("lanes2x1-split24")
+    assert split["cfg"] == {"num_lanes": 2, "torch_threads": 1, "split_seeds": 24}
     for bad in ("lanes", "lanes0x1", "lanes2x0", "fastest", "stagedxa", "staged-xyz",
-                "lanes2-1t-mt", "staged-cap-nocap"):  # fmt: skip
+                "lanes2-1t-mt", "staged-cap-nocap", "lanes2-splitx",
+                "lanes2-split2-split3"):  # fmt: skip
         with pytest.raises(ValueError):
             serving_bench.parse_mode(bad)
 

@@ -42,6 +42,16 @@ def transformer_blocks(module: nn.Module) -> list[nn.Module]:
     return found
 
 
+def module_tp_refusal(module: nn.Module, where: str = "section") -> str | None:
+    """Why ``parallelize_section`` refuses ``tp > 1`` for ``module`` at any degree (the
+    message of ``maestro.parallel.tp.tp_refusal`` over its ``transformer_blocks``), or
+    ``None`` when it can split it. The planner asks this of a workload's modules (built on
+    the ``meta`` device) so that it never plans ``tp > 1`` the runtime refuses."""
+    from maestro.parallel.tp import tp_refusal
+
+    return tp_refusal(transformer_blocks(module), where)
+
+
 class SectionRoot(nn.Module):
     """The FSDP root of a section: ``forward(fn, samples, inputs) = fn(module, samples, inputs)``.
 

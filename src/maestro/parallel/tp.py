@@ -152,24 +152,39 @@ def _check_divisible(block: nn.Module, tp: int, where: str) -> None:
         raise ValueError(f"{where}.tp must divide the MLP width ({width}), got {tp}")
 
 
-def apply_tp(blocks: list[nn.Module], tp_mesh: DeviceMesh, where: str = "section") -> None:
-    """Parallelise every block in place over the 1-D ``tp_mesh``.
+def tp_refusal(blocks: list[nn.Module], where: str = "section") -> str | None:
+    """Why ``apply_tp`` refuses ``blocks`` at every ``tp > 1`` (its one-line ``ValueError``
+    message, naming ``where``), or ``None`` when each block has a plan (``plan_for``).
 
-    ``ValueError`` (naming ``where``, the config table) when a block has no plan or its heads
-    or MLP width do not divide by the TP degree.
+    The one rule of which sections may be tensor-parallel at all: the runtime applies it in
+    ``apply_tp``, the planner asks it of a workload's modules (``maestro.parallel.apply.
+    module_tp_refusal``) before it gives a section ``tp > 1``. Degree-specific checks (heads
+    and MLP width dividing by ``tp``) come on top, in ``apply_tp``.
     """
-    tp = tp_mesh.size()
     if not blocks:
-        raise ValueError(f"{where}.tp: the section's module has no transformer block to split")
+        return f"{where}.tp: the section's module has no transformer block to split"
     for blk in blocks:
-        plan = plan_for(blk)
-        if plan is None:
-            raise ValueError(
+        if plan_for(blk) is None:
+            return (
                 f"{where}.tp: no tensor-parallel plan for {type(blk).__name__} (Maestro has "
                 "plans for its Block and Llama/Qwen2-style decoder layers)"
             )
+    return None
+
+
+def apply_tp(blocks: list[nn.Module], tp_mesh: DeviceMesh, where: str = "section") -> None:
+    """Parallelise every block in place over the 1-D ``tp_mesh``.
+
+    ``ValueError`` (naming ``where``, the config table) when there is no block, a block has
+    no plan (``tp_refusal``) or its heads or MLP width do not divide by the TP degree.
+    """
+    tp = tp_mesh.size()
+    why = tp_refusal(blocks, where)
+    if why is not None:
+        raise ValueError(why)
+    for blk in blocks:
         _check_divisible(blk, tp, where)
-        parallelize_module(blk, tp_mesh, plan, src_data_rank=None)
+        parallelize_module(blk, tp_mesh, plan_for(blk), src_data_rank=None)
 
 
 def shard_placement(param: nn.Parameter):

@@ -22,7 +22,7 @@ class Ablation:
     Args:
         same_mbs: every section uses one micro-batch size (no large forward-only batches).
         same_tp: every section uses one tensor-parallel degree (a small section pays its
-            large neighbour's TP).
+            large neighbour's TP; with a section the runtime cannot split, that degree is 1).
         no_skip: every sample activates every section (encoders run on text-only samples,
             as a dummy input would).
         fifo: score with data-order (fifo) scheduling instead of the balancing wavefront.
@@ -47,7 +47,10 @@ class SearchOptions:
     Args:
         mbs_choices: micro-batch sizes to try.
         tp_choices: tensor-parallel degrees to try (a measured model: for sections it has
-            ``facts`` for, degrees dividing their heads).
+            ``facts`` for, degrees dividing their heads). A section the runtime cannot split
+            (``maestro.costmodel.splits_tp``: no transformer block with a TP plan) tries
+            ``tp = 1`` only, alone or in a colocated group (``ValueError`` naming it when
+            these leave out 1); the monolithic baseline's one tp is not restricted.
         fsdp_choices: FSDP shard degrees to try (FSDP2 ``fully_shard`` per block: state
             ``/ fsdp``, per-micro-batch all-gathers and reduce-scatters).
         zero_choices: per trainable section without FSDP, ZeRO-1 off (0) and/or on (1).

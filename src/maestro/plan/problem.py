@@ -10,7 +10,13 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from maestro.costmodel import AnalyticalCostModel, CostModel, facts_of, micro_batch_features
+from maestro.costmodel import (
+    AnalyticalCostModel,
+    CostModel,
+    facts_of,
+    micro_batch_features,
+    splits_tp,
+)
 from maestro.plan.colocate import group_name, merged_samples
 from maestro.plan.options import Plan, SearchOptions
 from maestro.plan.tpmodel import LayoutCostModel, SectionStrategy, with_layout
@@ -195,13 +201,23 @@ class _Problem:
 
         A measured model prices tp, fsdp and recompute only with the section's structure
         (``MeasuredCostModel.facts``); a tp degree must divide the section's heads and fit
-        a node; a replica group (``fsdp * tp`` ranks) must fit the budget; ZeRO-1 needs a
-        trainable section without FSDP.
+        a node; a section the runtime cannot split (``splits_tp``: its module has no
+        transformer block with a tensor-parallel plan) gets ``tp = 1`` only, and
+        ``ValueError`` naming it when ``tp_choices`` leave out 1; a replica group
+        (``fsdp * tp`` ranks) must fit the budget; ZeRO-1 needs a trainable section without
+        FSDP.
         """
         trainable = not self.sections[n].frozen
         facts = facts_of(self.cm, n)
         if self.analytical:
             tps, rcs = self.tps, self.recomputes
+            if not splits_tp(self.cm, n):
+                if 1 not in tps:
+                    raise ValueError(
+                        f"section {n!r}: its module has no transformer block to split, so it "
+                        f"runs at tp = 1 only, but tp_choices are {list(self.opts.tp_choices)}"
+                    )
+                tps = [1]
         elif facts is not None:
             gpn = self.gpus_per_node
             tps = sorted(
@@ -209,7 +225,7 @@ class _Problem:
                 | {
                     t
                     for t in self.opts.tp_choices
-                    if t <= gpn and (not facts.heads or facts.heads % t == 0)
+                    if t <= gpn and facts.tp_plan and (not facts.heads or facts.heads % t == 0)
                 }
             )
             rcs = sorted(set(self.opts.recompute_choices))
@@ -357,7 +373,9 @@ def _units(p: _Problem, groups: list[tuple[str, ...]]) -> dict[str, _Unit]:
 
 
 def _group_options(p: _Problem, u: _Unit, member_opts: dict[str, list[_Option]]):
-    """Options of a colocated group: per tp, the best few member options combined.
+    """Options of a colocated group: per tp, the best few member options combined (a grid
+    with ``tp > 1`` needs every member to have options there, so a member the runtime
+    cannot split keeps its group at ``tp = 1``).
 
     Memory per GPU: every member's weights, optimizer state and one micro-batch of
     activations (members run one after another); a trainable member whose consumer in the

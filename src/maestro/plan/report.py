@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from maestro.costmodel import splits_tp
 from maestro.plan.search import (
     Ablation,
     Plan,
@@ -214,9 +215,17 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str = "balan
     the tuned baseline's length-balanced sampler; ``data``: the conventional one's).
 
     A colocated group's members get its ``group`` (the plan's ``"a+b"``) and share its
-    ``dp`` (``maestro.runtime.colocated`` runs the group as plain data-parallel replicas:
-    ``ValueError`` for a group planned with ``tp > 1``; ZeRO-1 is written off for members).
+    grid (ZeRO-1 is written off for members). A per-section plan giving ``tp > 1`` to a
+    section the runtime cannot split (``maestro.costmodel.splits_tp``, as the planner
+    checks) is a ``ValueError`` naming the section.
     """
+    if not plan.monolithic:
+        for n, sp in plan.sections.items():
+            if sp.tp > 1 and not splits_tp(wl.cost_model, n):
+                raise ValueError(
+                    f"sections.{n}.tp = {sp.tp}: the section's module has no transformer block "
+                    "to split (maestro train refuses it); plan it with tp = 1"
+                )
     head = [
         f"# maestro plan: {layout_label(plan)} layout, "
         f"{plan.gpus} GPUs, predicted step {plan.step_time:.4g} s, "

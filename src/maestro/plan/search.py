@@ -6,6 +6,7 @@ priced by the layout cost model (``plan.tpmodel``) the simulator replays it on.
 The search is cheap enough to run at thousands of GPUs because it narrows in three stages:
 
 1. **Memory first.** Every (tp, fsdp, zero, mbs, recompute) option of a section is checked
+   (tp > 1 only for a section the runtime can split: ``maestro.costmodel.splits_tp``)
    against the per-device memory limit on its worst micro-batch (the ``mbs`` longest
    samples, within the section's token budget); a trainable section that feeds another
    trainable one runs all its forwards before its backwards and so holds its whole share of
@@ -86,7 +87,9 @@ def plan_maestro(
         pay for themselves.
 
     Raises:
-        ValueError: no layout fits the memory limit within ``gpus`` GPUs.
+        ValueError: no layout fits the memory limit within ``gpus`` GPUs, or a section the
+            runtime cannot split tensor-parallel is left no ``tp = 1`` by
+            ``options.tp_choices``.
     """
     from maestro.plan.colocate import GroupedCostModel, merged_specs, valid_groupings
 

@@ -8,12 +8,19 @@ Three sources, by the CONFIG argument of ``maestro plan``:
 - a run config TOML (``examples/kd.toml``): its workload's real batch, timed on this machine
   (``maestro profile``) for a ``MeasuredCostModel``, with the sections' structure
   (``section_facts``) so that tp, fsdp and recompute are priced too; memory is not limited.
+
+Which sections may be tensor-parallel at all is the runtime's own rule
+(``maestro.parallel.apply.module_tp_refusal``), asked of the modules the plan is for, built
+on the ``meta`` device: a run config's, or the Hugging Face job a scenario's ``--out`` writes
+(``scenario_tp_plans``). The cost model carries the answer (``SectionShape.tp_plan``,
+``SectionFacts.tp_plan``) and the planner gives ``tp > 1`` only where it is yes.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from maestro.costmodel import CostModel
@@ -101,7 +108,48 @@ def scenario_workload(spec: ScenarioSpec, gpus: int | None = None) -> Workload:
         if "mllm" in spec.name
         else f"{spec.name} ({spec.gpu})"
     )
-    return Workload(label, samples, sc.sections, sc.cost_model, gpus or spec.gpus, None, spec)
+    cm = sc.cost_model
+    plans = scenario_tp_plans(spec.name)
+    if plans is not None:
+        # the runtime's answer for the modules --out writes wins over the shapes' declaration
+        shapes = {n: replace(sh, tp_plan=plans.get(n, sh.tp_plan)) for n, sh in cm.shapes.items()}
+        cm = replace(cm, shapes=shapes)
+    return Workload(label, samples, sc.sections, cm, gpus or spec.gpus, None, spec)
+
+
+@functools.cache
+def _scenario_tp_plans(name: str) -> tuple[tuple[str, bool], ...] | None:
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        return None
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # (a broken install: the shapes' declaration stands)
+        return None
+
+    from maestro.config import from_dict
+    from maestro.hf.scenarios import scenario_job
+    from maestro.sim.scenarios import build
+
+    job, job_cfg = scenario_job(name)
+    secs = {s.name: {} for s in build(name, 3, 1).sections}
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # (the Whisper config warns of its token ids)
+    try:
+        cfg = from_dict({"workload": {"name": job, **vars(job_cfg)}, "sections": secs})
+        return tuple(section_tp_plans(cfg).items())
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def scenario_tp_plans(name: str) -> dict[str, bool] | None:
+    """``section -> whether the runtime can split it tensor-parallel`` for scenario ``name``:
+    ``section_tp_plans`` of the Hugging Face job its ``--out`` writes (``maestro.hf.
+    scenarios``, full-scale shapes on the ``meta`` device; cached per name). ``None`` without
+    ``transformers``: the scenario's shapes then keep their declared ``tp_plan``."""
+    got = _scenario_tp_plans(name)
+    return None if got is None else dict(got)
 
 
 def load_scenario(path: Path) -> ScenarioSpec:
@@ -121,22 +169,38 @@ def load_scenario(path: Path) -> ScenarioSpec:
     return spec
 
 
-def section_facts(config) -> dict:
-    """``section -> SectionFacts`` of a run config's sections, counted on their modules built
-    on the ``meta`` device: the transformer blocks ``maestro.parallel`` shards and splits
-    (``transformer_blocks``), their width, the TP degrees they allow, and the bytes of
-    parameters, gradients and (AdamW) optimizer state."""
+def _meta_graph(config):
     import torch
 
-    from maestro.costmodel import SectionFacts
-    from maestro.parallel.apply import transformer_blocks
     from maestro.workloads import get_workload
 
     wl = get_workload(config)  # (its data is real; only the modules go on meta)
     with torch.device("meta"):
-        graph = wl.graph()
+        return wl.graph()
+
+
+def section_tp_plans(config) -> dict[str, bool]:
+    """``section -> whether maestro.parallel can split it tensor-parallel`` for a run config:
+    the runtime's rule (``maestro.parallel.apply.module_tp_refusal``) asked of each section's
+    module built on the ``meta`` device."""
+    from maestro.parallel.apply import module_tp_refusal
+
+    return {sec.name: module_tp_refusal(sec.module) is None for sec in _meta_graph(config)}
+
+
+def section_facts(config) -> dict:
+    """``section -> SectionFacts`` of a run config's sections, counted on their modules built
+    on the ``meta`` device: the transformer blocks ``maestro.parallel`` shards and splits
+    (``transformer_blocks``), their width, whether and by which degrees TP may split them
+    (``module_tp_refusal``), and the bytes of parameters, gradients and (AdamW) optimizer
+    state. A section without blocks has no facts (plain replicas only)."""
+    import torch
+
+    from maestro.costmodel import SectionFacts
+    from maestro.parallel.apply import module_tp_refusal, transformer_blocks
+
     out = {}
-    for sec in graph:
+    for sec in _meta_graph(config):
         params = list(sec.module.parameters())
         total = float(sum(q.numel() * q.element_size() for q in params))
         blocks = transformer_blocks(sec.module)
@@ -159,6 +223,7 @@ def section_facts(config) -> dict:
             act_bytes=float(params[0].element_size()),
             # weights, gradients and AdamW's two moments
             state_bytes=total + 3.0 * grads if trainable else total,
+            tp_plan=module_tp_refusal(sec.module) is None,
         )
     return out
 

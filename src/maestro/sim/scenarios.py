@@ -35,6 +35,9 @@ LLM_HIDDEN = 4096
 TOP_K = 64
 
 #: Section shapes (parameters: vision ~0.63B, audio ~0.30B, llm/student ~6.6B, teacher ~34B).
+#: The encoders are SigLIP- and Whisper-style towers in the scenarios' Hugging Face jobs, which
+#: the runtime has no tensor-parallel plan for (``tp_plan=False``); ``maestro.plan.workload``
+#: reads this from the jobs' modules when ``transformers`` is installed.
 SHAPES: dict[str, SectionShape] = {
     "vision": SectionShape(
         layers=32,
@@ -43,6 +46,7 @@ SHAPES: dict[str, SectionShape] = {
         unit="images",
         tokens_per_unit=PATCHES_PER_IMAGE,
         out_bytes_per_unit=PATCHES_PER_IMAGE * LLM_HIDDEN * 2,
+        tp_plan=False,
     ),
     "audio": SectionShape(
         layers=24,
@@ -51,6 +55,7 @@ SHAPES: dict[str, SectionShape] = {
         unit="audio",
         tokens_per_unit=1500,
         out_bytes_per_unit=AUDIO_TOKENS * LLM_HIDDEN * 2,
+        tp_plan=False,
     ),
     "llm": SectionShape(layers=32, hidden=4096, ffn_hidden=16512, vocab=32000),
     "student": SectionShape(layers=32, hidden=4096, ffn_hidden=16512, vocab=32000),
