@@ -65,8 +65,8 @@ def register(sub) -> None:
         "--colocate",
         action="store_true",
         help="also search layouts where sections share devices (colocated groups; --out "
-        "writes their [sections.NAME] group, which maestro train runs as plain data-parallel "
-        "replicas, so a group planned with tp > 1 is refused)",
+        "writes their [sections.NAME] group with its members' dp, fsdp and tp, which "
+        "maestro train runs on the group's ranks)",
     )
     p.add_argument(
         "--plot",
