@@ -36,6 +36,7 @@ __all__ = [
     "measure_precision",
     "model_id",
     "read_precision",
+    "sampled_batches",
     "write_precision",
 ]
 
@@ -182,6 +183,18 @@ class PrecisionModel(nn.Module):
 # ------------------------------------------------------------------------------ measurement
 
 
+def sampled_batches(sampler, node_count: int, batch_sizes, repeats: int, rng) -> list:
+    """``[(n_id, adjs)]``: ``repeats`` sampled batches per size in ``batch_sizes``, each of
+    distinct random seeds (sorted) drawn with ``rng``; what start-up measurements time."""
+    batches = []
+    for b in batch_sizes:
+        for _ in range(repeats):
+            seeds = rng.choice(node_count, size=min(int(b), node_count), replace=False)
+            n_id, _, adjs = sampler.sample(torch.from_numpy(np.sort(seeds)))
+            batches.append((n_id, adjs))
+    return batches
+
+
 def measure_precision(
     sampler,
     features: torch.Tensor,
@@ -241,12 +254,7 @@ def measure_precision(
     max_diff = 0.0
     try:
         with torch.inference_mode():
-            batches = []
-            for b in batch_sizes:
-                for _ in range(repeats):
-                    seeds = rng.choice(node_count, size=min(int(b), node_count), replace=False)
-                    n_id, _, adjs = sampler.sample(torch.from_numpy(np.sort(seeds)))
-                    batches.append((n_id, adjs))
+            batches = sampled_batches(sampler, node_count, batch_sizes, repeats, rng)
             # warm-up: one-off costs (first-touch pages, oneDNN kernel creation)
             n_id, adjs = batches[0]
             for tab in tables.values():

@@ -205,6 +205,8 @@ def measure_fold(
     "agreement": {name: a}}``: times summed over the timed batches, and each folded path's
     largest logit difference and argmax agreement against the unfolded one.
     """
+    from quiver.precision import sampled_batches
+
     rng = np.random.default_rng(seed)
     prev = torch.get_num_threads()
     torch.set_num_threads(num_threads)
@@ -214,12 +216,7 @@ def measure_fold(
     total = 0
     try:
         with torch.inference_mode():
-            batches = []
-            for b in batch_sizes:
-                for _ in range(repeats):
-                    seeds = rng.choice(node_count, size=min(int(b), node_count), replace=False)
-                    n_id, _, adjs = sampler.sample(torch.from_numpy(np.sort(seeds)))
-                    batches.append((n_id, adjs))
+            batches = sampled_batches(sampler, node_count, batch_sizes, repeats, rng)
 
             def run(name, n_id, adjs):
                 if name == "unfolded":
