@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "maestro.commands.simulate",
     "maestro.commands.profile",
     "maestro.commands.plan",
+    "maestro.commands.estimate",
 ]
 
 

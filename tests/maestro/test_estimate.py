@@ -1,0 +1,119 @@
+"""``maestro estimate``: the layout rules, the physics the estimate must show, and one-line
+errors for user mistakes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from maestro.cli import main
+from maestro.estimate import estimate, model, resolve_layout
+from maestro.estimate.hardware import hardware
+from maestro.estimate.kernels import gemm_time
+
+
+def test_layout_defaults_and_checks():
+    assert resolve_layout(16, tp=2).fsdp == 8
+    lay = resolve_layout(16, dp=2, tp=2)
+    assert (lay.dp, lay.fsdp, lay.gpus) == (2, 4, 16)
+    with pytest.raises(ValueError, match="not divisible by tp"):
+        resolve_layout(6, tp=4)
+    with pytest.raises(ValueError, match="dp \\* fsdp"):
+        resolve_layout(16, dp=2, fsdp=2, tp=2)
+
+
+def test_narrow_gemms_are_less_efficient():
+    hw = hardware("h100-sxm")
+
+    def rate(m, n, k):
+        return 2 * m * n * k / gemm_time(m, n, k, hw, 1.0)
+
+    wide = rate(16384, 8192, 8192)
+    assert rate(16384, 1152, 1152) < 0.9 * wide  # a SigLIP-wide encoder GEMM
+    assert rate(256, 8192, 8192) < 0.9 * wide
+    assert wide <= hw.gemm_peak
+
+
+def test_recompute_trades_time_for_memory():
+    kw = dict(gpus=8, seq_len=4096, micro_batch=1)
+    none, sel, full = (
+        estimate("llama3-8b", recompute=r, **kw) for r in ("none", "selective", "full")
+    )
+    assert none.step_time < sel.step_time < full.step_time
+    assert none.peak_memory > sel.peak_memory > full.peak_memory
+    assert (
+        full.breakdown["recompute"] > sel.breakdown["recompute"] > 0 == none.breakdown["recompute"]
+    )
+
+
+def test_tp_splits_memory_and_pays_communication():
+    one = estimate("llama3-8b", gpus=8, seq_len=4096)
+    tp8 = estimate("llama3-8b", gpus=8, seq_len=4096, tp=8)
+    assert tp8.memory["activations"] < one.memory["activations"] / 4
+    # eager TP (no async TP) exposes its all-gathers and reduce-scatters
+    assert tp8.breakdown["exposed_comm"] > 5 * one.breakdown["exposed_comm"]
+    assert tp8.tokens_per_s_per_gpu < one.tokens_per_s_per_gpu
+
+
+def test_interleaving_shrinks_the_bubble():
+    kw = dict(gpus=64, seq_len=4096, tp=8, pp=4, global_batch=64, recompute="full")
+    plain = estimate("llama3-70b", **kw)
+    inter = estimate("llama3-70b", vpp=5, **kw)
+    assert plain.breakdown["bubble"] > 0
+    assert inter.breakdown["bubble"] < plain.breakdown["bubble"] / 3
+
+
+def test_fsdp_across_nodes_costs_more_than_inside_one():
+    small = estimate("llama3-8b", gpus=8, seq_len=8192, micro_batch=2)
+    big = estimate("llama3-8b", gpus=128, seq_len=8192, micro_batch=2)
+    assert big.tokens_per_s_per_gpu < small.tokens_per_s_per_gpu
+    assert big.memory["state"] < small.memory["state"] / 10
+
+
+def test_hf_config_is_read(tmp_path):
+    cfg = {
+        "num_hidden_layers": 4,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 688,
+        "vocab_size": 1000,
+        "hidden_act": "silu",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    spec = model(str(tmp_path))
+    assert (spec.layers, spec.hidden, spec.kv_heads, spec.ffn, spec.vocab) == (4, 256, 2, 688, 1000)
+    assert spec.gated and spec.causal
+    e = estimate(str(tmp_path), gpus=1, seq_len=512)
+    assert e.step_time > 0 and e.fits
+
+
+def test_cli_prints_an_estimate_and_json(capsys):
+    argv = ["estimate", "llama3-8b", "--gpus", "8", "--seq-len", "8192", "--micro-batch", "2"]
+    assert main([*argv, "--hardware", "h100-96g-500w"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/s per GPU" in out and "MFU" in out and "exposed_comm" in out
+    assert main(["estimate", "qwen2.5-7b", "--gpus", "16", "--tp", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["layout"]["tp"] == 2 and d["layout"]["fsdp"] == 8 and d["step_time"] > 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["llama3-8b", "--gpus", "6", "--tp", "4"], "not divisible by tp * pp * cp"),
+        (["llama3-70b", "--gpus", "8"], "does not fit: needs"),
+        (["llama3-9b"], "unknown model 'llama3-9b'"),
+        (["llama3-8b", "--hardware", "tpu-v9"], "unknown hardware 'tpu-v9'"),
+        (["llama3-8b", "--framework", "jax"], "unknown framework 'jax'"),
+        (["llama3-8b", "--tp", "3", "--gpus", "3"], "must divide the model's 32 attention heads"),
+        (["llama3-8b", "--gpus", "8", "--global-batch", "12"], "multiple of micro_batch"),
+    ],
+)
+def test_cli_one_line_errors(capsys, argv, message):
+    assert main(["estimate", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
+    if "does not fit" in message:
+        assert "GiB over" in err
