@@ -140,6 +140,8 @@ class GPUPreset:
         half_tokens: micro-batch size in tokens at which efficiency is half of ``mfu_max``
             (small micro-batches cannot fill the GPU).
         layer_overhead: fixed seconds per layer and pass (kernel launches, norms, small ops).
+        hardware: the ``maestro.estimate.hardware`` preset the analytical model prices with
+            (``mfu_max``, ``half_tokens`` and ``layer_overhead`` are no longer used by it).
     """
 
     name: str
@@ -153,6 +155,7 @@ class GPUPreset:
     mfu_max: float = 0.55
     half_tokens: float = 128.0
     layer_overhead: float = 60e-6
+    hardware: str = "h100-sxm"
 
 
 #: H100 SXM5 and H200 SXM: 989 TFLOP/s dense bf16, HBM3 3.35 TB/s (80 GB) / HBM3e 4.8 TB/s
@@ -161,9 +164,13 @@ class GPUPreset:
 #: A100 runs): 312 TFLOP/s dense bf16, HBM2e 2.0 TB/s, NVLink 3 at 600 GB/s total (300 GB/s
 #: per direction), one 200 Gb/s HDR NIC per GPU.
 GPU_PRESETS: dict[str, GPUPreset] = {
-    "H100": GPUPreset("H100", 989e12, 3.35e12, 80e9, 450e9, 50e9),
-    "H200": GPUPreset("H200", 989e12, 4.8e12, 141e9, 450e9, 50e9),
-    "A100": GPUPreset("A100", 312e12, 2.0e12, 80e9, 300e9, 25e9),
+    "H100": GPUPreset("H100", 989e12, 3.35e12, 80e9, 450e9, 50e9, hardware="h100-sxm"),
+    "H200": GPUPreset("H200", 989e12, 4.8e12, 141e9, 450e9, 50e9, hardware="h200"),
+    "A100": GPUPreset("A100", 312e12, 2.0e12, 80e9, 300e9, 25e9, hardware="a100-80g"),
+    # torchtitan's published runs' part (maestro.estimate.hardware "h100-96g-500w")
+    "H100-96G-500W": GPUPreset(
+        "H100-96G-500W", 909e12, 2.4e12, 95 * 2**30, 450e9, 50e9, hardware="h100-96g-500w"
+    ),
 }
 
 
@@ -182,9 +189,16 @@ class SectionShape:
         tokens_per_unit: sequence positions per unit (e.g. 256 patches per image).
         out_bytes_per_unit: bytes of output sent to each consumer per unit (hidden states,
             logits); the same bytes come back as gradients.
-        recompute: backward recomputes the forward (activation checkpointing).
+        recompute: backward recomputes the forward (activation checkpointing per block, the
+            runtime's ``recompute``: the estimate's ``full`` policy).
         tp_plan: the runtime can split the section's blocks tensor-parallel
             (``maestro.parallel.tp.tp_refusal``); ``False``: planners keep it at ``tp = 1``.
+        heads: attention heads (default ``hidden // 128``).
+        kv_heads: key/value heads (default ``heads``).
+        gated: SwiGLU MLP (three ``d x ffn`` matrices) instead of two.
+        sq_key: a cost key holding the sum of squared lengths of the units' own sequences
+            (e.g. ``"vision_sq"`` for images of varying token counts); attention pairs come
+            from it instead of ``units * tokens_per_unit ** 2``.
     """
 
     layers: int
@@ -196,45 +210,92 @@ class SectionShape:
     out_bytes_per_unit: float = 0.0
     recompute: bool = False
     tp_plan: bool = True
+    heads: int = 0
+    kv_heads: int = 0
+    gated: bool = False
+    sq_key: str = ""
+
+    @functools.cached_property
+    def spec(self):
+        """The block structure as ``maestro.estimate.ModelSpec`` (what the kernels price)."""
+        from maestro.estimate.models import ModelSpec
+
+        heads = self.heads or max(1, self.hidden // 128)
+        return ModelSpec(
+            "section",
+            self.layers,
+            self.hidden,
+            heads,
+            self.kv_heads or heads,
+            self.ffn_hidden or 4 * self.hidden,
+            self.vocab,
+            gated=self.gated,
+            causal=self.unit == "tokens",
+            tied=False,
+            head_dim=self.hidden // heads if self.hidden % heads == 0 else 0,
+        )
 
     @functools.cached_property
     def params(self) -> float:
-        """Parameter count: attention ``4 d^2`` plus MLP ``2 d f`` per layer, plus the LM head."""
-        ffn = self.ffn_hidden or 4 * self.hidden
-        return self.layers * (4 * self.hidden**2 + 2 * self.hidden * ffn) + self.vocab * self.hidden
+        """Parameter count: the blocks' attention and MLP weights, plus the LM head."""
+        sp = self.spec
+        return sp.layers * sp.layer_params + sp.head_params
 
     def positions(self, feats: Features) -> float:
-        """Sequence positions in a micro-batch."""
+        """Sequence positions in a micro-batch (without padding)."""
         return feats.get(self.unit, 0.0) * self.tokens_per_unit
+
+    def computed_positions(self, feats: Features) -> float:
+        """Positions the blocks compute on: the micro-batch's samples packed (variable-length
+        flash attention, as GPU trainers run them), for every layout alike. (The CPU
+        runtime pads to the longest sample; measured models price that, ``tokens_padded``.)"""
+        return self.positions(feats)
+
+    def attention(self, feats: Features) -> tuple[float, float]:
+        """``(query-key pairs, token-weighted mean sequence length)`` of a micro-batch."""
+        pos = self.positions(feats)
+        if pos <= 0:
+            return 0.0, 0.0
+        if self.unit == "tokens":
+            sq = feats.get("tokens_sq", pos * pos / max(feats.get("samples", 1.0), 1.0))
+            return (sq + pos) / 2.0, sq / pos
+        if self.sq_key:
+            sq = feats.get(self.sq_key, 0.0)
+        else:  # each unit attends within itself
+            sq = feats.get(self.unit, 0.0) * self.tokens_per_unit**2
+        return sq, sq / pos
 
     def forward_flops(self, feats: Features) -> float:
         """Matmul FLOPs of one forward: ``2 * params * positions`` plus attention scores."""
-        pos = self.positions(feats)
-        if self.unit == "tokens":
-            sq = feats.get("tokens_sq", pos * pos / max(feats.get("samples", 1.0), 1.0))
-        else:  # each unit attends within itself
-            sq = feats.get(self.unit, 0.0) * self.tokens_per_unit**2
-        return 2.0 * self.params * pos + 4.0 * self.layers * self.hidden * sq
+        pairs, _ = self.attention(feats)
+        return 2.0 * self.params * self.computed_positions(feats) + 4.0 * self.layers * (
+            self.spec.q_dim * pairs
+        )
 
 
 @dataclass
 class AnalyticalCostModel(CostModel):
-    """FLOPs/bytes model of sections on a GPU preset.
+    """Sections' transformer shapes priced by ``maestro.estimate``'s kernels on a GPU preset:
+    the same GEMM, attention, elementwise and memory model as ``maestro estimate``.
 
     Args:
         shapes: section name -> ``SectionShape``.
-        gpu: the accelerator preset.
-        efficiency: multiplies achieved FLOP/s (fit it from a measured profile; 1.0 = preset).
-        grad_bytes: bytes per parameter in the gradient all-reduce (2 = bf16).
-        optim_bytes: bytes per parameter the optimizer step reads and writes (Adam, fp32
-            master weights and moments), sharded over the DP group.
+        gpu: the accelerator preset (mapped to ``maestro.estimate.hardware``).
+        efficiency: multiplies the framework's kernel efficiency (1.0: as calibrated).
+        grad_bytes: bytes per gradient element in the all-reduce / reduce-scatter (4: fp32,
+            FSDP2's ``reduce_dtype`` in torchtitan).
+        optim_bytes: unused (kept for old callers; the optimizer step reads and writes 30
+            bytes per parameter, ``maestro.estimate.step``).
+        framework: how the sections run (``maestro.estimate.framework``; ``torchtitan``:
+            PyTorch eager, what ``maestro train`` runs).
     """
 
     shapes: dict[str, SectionShape]
     gpu: GPUPreset = field(default_factory=lambda: GPU_PRESETS["H100"])
     efficiency: float = 1.0
-    grad_bytes: float = 2.0
+    grad_bytes: float = 4.0
     optim_bytes: float = 16.0
+    framework: str = "torchtitan"
 
     def _shape(self, section: str) -> SectionShape:
         try:
@@ -242,63 +303,96 @@ class AnalyticalCostModel(CostModel):
         except KeyError:
             raise ValueError(f"cost model has no shape for section {section!r}") from None
 
-    def _pass_time(
-        self, shape: SectionShape, feats: Features, flops: float, passes: float
-    ) -> float:
+    @property
+    def hw(self):
+        """The ``maestro.estimate.hardware.Hardware`` of ``gpu``."""
+        from maestro.estimate.hardware import hardware
+
+        return hardware(self.gpu.hardware)
+
+    @property
+    def fw(self):
+        from maestro.estimate.framework import framework
+
+        return framework(self.framework)
+
+    def pass_times(self, section: str, feats: Features, tp: int = 1) -> tuple[float, float]:
+        """``(forward, backward)`` compute seconds of one micro-batch on one GPU of a ``tp``
+        group (collectives apart; backward includes recompute)."""
+        from maestro.estimate.kernels import head_cost, layer_cost
+
         if feats.get("samples", 0.0) <= 0:
-            return 0.0
-        pos = shape.positions(feats)
-        g = self.gpu
-        eff = g.mfu_max * self.efficiency * pos / (pos + g.half_tokens) if pos > 0 else 0.0
-        compute = flops / (g.flops * eff) if eff > 0 else 0.0
-        weights = passes * 2.0 * shape.params / g.hbm_bw  # bf16 weights streamed once per pass
-        return max(compute, weights) + passes * shape.layers * g.layer_overhead
+            return 0.0, 0.0
+        shape = self._shape(section)
+        spec, hw, fw = shape.spec, self.hw, self.fw
+        pos = shape.computed_positions(feats)
+        if pos <= 0:
+            return 0.0, 0.0
+        pairs, mean_len = shape.attention(feats)
+        eff = fw.kernel_efficiency * self.efficiency
+        policy = "full" if shape.recompute else "none"
+        lc = layer_cost(spec, pos, pairs, mean_len, tp, policy, hw, fw.kernels, eff)
+        hf, hb = head_cost(spec, pos, tp, hw, fw.kernels, eff)
+        return spec.layers * lc.fwd + hf, spec.layers * lc.bwd + hb
 
     def forward_time(self, section: str, feats: Features) -> float:
-        shape = self._shape(section)
-        return self._pass_time(shape, feats, shape.forward_flops(feats), 1.0)
+        return self.pass_times(section, feats)[0]
 
     def backward_time(self, section: str, feats: Features) -> float:
-        shape = self._shape(section)
-        passes = 3.0 if shape.recompute else 2.0
-        return self._pass_time(shape, feats, passes * shape.forward_flops(feats), passes)
+        return self.pass_times(section, feats)[1]
+
+    def state_bytes(self, section: str, trainable: bool) -> float:
+        """Parameters, gradients and optimizer state of one unsharded replica: bf16 weights
+        (2 bytes per parameter) for a frozen section; fp32 master weights, gradients and
+        Adam moments plus the bf16 compute copy (18) for a trainable one."""
+        return (18.0 if trainable else 2.0) * self._shape(section).params
 
     def memory_bytes(self, section: str, feats: Features, trainable: bool) -> float:
         """Peak bytes on one replica running a micro-batch with ``feats`` (for planners).
 
-        Weights in bf16; a trainable section adds fp32 gradients, master weights and Adam
-        moments (16 bytes per parameter, unsharded) and keeps every layer's activations
-        (~34 bytes per position and hidden unit per layer, flash attention), or only layer
-        inputs plus one layer's activations under ``recompute``. A frozen section keeps one
-        layer's activations at a time.
+        ``state_bytes``, the activations ``maestro.estimate.kernels.activation_bytes``
+        counts per position and block (every block's under no recompute, the block inputs
+        plus one block's under ``recompute``; one block's for a frozen section), the logits
+        alive at the loss (bf16 logits for a frozen section), and the allocator's headroom.
         """
+        from maestro.estimate.kernels import activation_bytes
+
         shape = self._shape(section)
-        pos = shape.positions(feats)
-        one_layer = 34.0 * pos * shape.hidden
+        spec, k = shape.spec, self.fw.kernels
+        pos = shape.computed_positions(feats)
+        one = activation_bytes(spec, "none", k) * pos
         if not trainable:
-            return 2.0 * shape.params + one_layer
-        if shape.recompute:
-            acts = shape.layers * 2.0 * pos * shape.hidden + one_layer
+            acts = one
+            logits = 2.0 * pos * spec.vocab
+        elif shape.recompute:
+            acts = spec.layers * activation_bytes(spec, "full", k) * pos + one
+            logits = k.logit_bytes * pos * spec.vocab
         else:
-            acts = shape.layers * one_layer
-        return 18.0 * shape.params + acts
+            acts = spec.layers * one
+            logits = k.logit_bytes * pos * spec.vocab
+        live = self.state_bytes(section, trainable) + acts + logits
+        return live * (1.0 + self.fw.allocator_headroom)
 
     def transfer_time(self, producer: str, feats: Features, same_node: bool) -> float:
         shape = self._shape(producer)
         nbytes = feats.get(shape.unit, 0.0) * shape.out_bytes_per_unit
         if nbytes <= 0:
             return 0.0
-        bw = self.gpu.nvlink_bw if same_node else self.gpu.net_bw
-        return self.gpu.link_latency + nbytes / bw
+        hw = self.hw
+        bw = hw.nvlink_bw * hw.nvlink_eff if same_node else hw.net_bw * hw.net_eff
+        return hw.link_latency + nbytes / bw
 
     def allreduce_time(self, section: str, dp: int, same_node: bool) -> float:
+        """Gradient all-reduce over ``dp`` replicas plus the Adam step of a ``1/dp`` shard
+        (30 bytes per parameter read and written, as ``maestro.estimate.step``)."""
+        from maestro.estimate.step import ring_time
+
         shape = self._shape(section)
-        optim = shape.params * self.optim_bytes / self.gpu.hbm_bw / dp
+        hw = self.hw
+        optim = 30.0 * shape.params / (hw.hbm_bw * hw.hbm_eff) / max(dp, 1)
         if dp <= 1:
             return optim
-        bw = self.gpu.nvlink_bw if same_node else self.gpu.net_bw
-        ring = 2.0 * (dp - 1) / dp * shape.params * self.grad_bytes / bw
-        return ring + 2.0 * math.log2(dp) * self.gpu.link_latency + optim
+        return 2.0 * ring_time(shape.params * self.grad_bytes, dp, hw, same_node) + optim
 
 
 # ---------------------------------------------------------------------------------------------
@@ -349,8 +443,7 @@ def facts_of(cost_model: CostModel, section: str) -> SectionFacts | None:
     """
     if isinstance(cost_model, AnalyticalCostModel):
         sh = cost_model._shape(section)
-        ffn = sh.ffn_hidden or 4 * sh.hidden
-        per_block = 4 * sh.hidden**2 + 2 * sh.hidden * ffn
+        per_block = sh.spec.layer_params
         return SectionFacts(
             blocks=sh.layers,
             hidden=sh.hidden,
@@ -360,6 +453,7 @@ def facts_of(cost_model: CostModel, section: str) -> SectionFacts | None:
             act_bytes=2.0,
             state_bytes=18.0 * sh.params,
             tp_plan=sh.tp_plan,
+            heads=sh.spec.heads,
         )
     return getattr(cost_model, "facts", {}).get(section)
 
@@ -656,6 +750,7 @@ class MeasuredCostModel(CostModel):
 def preset(name: str) -> GPUPreset:
     """The GPU preset called ``name`` (case-insensitive); ``ValueError`` lists the known ones."""
     key = name.upper()
+    key = {"H100-SXM": "H100", "A100-80G": "A100"}.get(key, key)
     if key not in GPU_PRESETS:
         raise ValueError(f"unknown GPU preset {name!r}; choose one of: {', '.join(GPU_PRESETS)}")
     return GPU_PRESETS[key]

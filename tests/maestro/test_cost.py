@@ -35,12 +35,19 @@ SHAPE = SectionShape(layers=2, hidden=64, ffn_hidden=256, vocab=100)
 
 
 def test_shape_params_and_flops_by_hand():
-    assert SHAPE.params == 2 * (4 * 64**2 + 2 * 64 * 256) + 100 * 64
+    # blocks (attention 4 d^2, MLP 2 d f, two norms 2 d) plus the LM head
+    assert SHAPE.params == 2 * (4 * 64**2 + 2 * 64 * 256 + 2 * 64) + 100 * 64
     f = micro_batch_features([{"tokens": 10}, {"tokens": 20}])
-    assert SHAPE.forward_flops(f) == 2 * SHAPE.params * 30 + 4 * 2 * 64 * (100 + 400)
+    # GEMMs on the packed micro-batch (30 positions); causal attention per sample:
+    # (10^2 + 20^2 + 30) / 2 query-key pairs
+    assert SHAPE.forward_flops(f) == 2 * SHAPE.params * 30 + 4 * 2 * 64 * (530 / 2)
     img = SectionShape(layers=1, hidden=8, unit="images", tokens_per_unit=4)
     fi = micro_batch_features([{"images": 3}])
     assert img.forward_flops(fi) == 2 * img.params * 12 + 4 * 1 * 8 * 3 * 16
+    # images of varying token counts: attention pairs from their sum of squares
+    dyn = SectionShape(layers=1, hidden=8, unit="vision_tokens", sq_key="vision_sq")
+    fd = micro_batch_features([{"vision_tokens": 10, "vision_sq": 4**2 + 6**2}])
+    assert dyn.attention(fd) == (52, 5.2)
 
 
 def test_large_micro_batches_are_more_efficient_per_sample():
@@ -60,8 +67,12 @@ def test_h200_bandwidth_helps_memory_bound_passes_only():
     h200 = AnalyticalCostModel({"s": shape}, gpu=preset("h200"))
     tiny = micro_batch_features([{"tokens": 1}])
     huge = micro_batch_features([{"tokens": 8192}] * 4)
-    assert h200.forward_time("s", tiny) < h100.forward_time("s", tiny)
-    assert h200.forward_time("s", huge) == pytest.approx(h100.forward_time("s", huge))
+    gain_tiny = h100.forward_time("s", tiny) / h200.forward_time("s", tiny)
+    gain_huge = h100.forward_time("s", huge) / h200.forward_time("s", huge)
+    # weights streamed at 4.8 vs 3.35 TB/s; a compute-bound pass gains only the measured
+    # GEMM ceiling (83.6% vs 80.3%) and its elementwise share
+    assert gain_tiny > 1.1  # (launch gaps, the same on both, bound a one-token pass)
+    assert 1.0 < gain_huge < gain_tiny
     with pytest.raises(ValueError, match="H100, H200, A100"):
         preset("V100")
 
@@ -76,7 +87,7 @@ def test_links_and_allreduce():
     ar = AnalyticalCostModel({"b": big})
     assert ar.allreduce_time("b", 8, True) < ar.allreduce_time("b", 8, False)
     # ring all-reduce approaches 2 * bytes / bandwidth as dp grows
-    bound = 2 * big.params * 2 / GPU_PRESETS["H100"].net_bw
+    bound = 2 * big.params * ar.grad_bytes / (GPU_PRESETS["H100"].net_bw * ar.hw.net_eff)
     assert ar.allreduce_time("b", 2, False) < ar.allreduce_time("b", 64, False) < 1.1 * bound
     with pytest.raises(ValueError, match="no shape"):
         cm.forward_time("missing", f)
@@ -143,4 +154,5 @@ def test_memory_frozen_and_recompute_keep_less():
     m0 = cm.memory_bytes("a", micro_batch_features([{"tokens": 0}]), trainable=True)
     grow1 = cm.memory_bytes("a", f1, trainable=True) - m0
     grow2 = cm.memory_bytes("a", f2, trainable=True) - m0
-    assert m0 == 18 * base.params and grow2 == pytest.approx(2 * grow1)
+    assert m0 == pytest.approx(18 * base.params * (1 + cm.fw.allocator_headroom))
+    assert grow2 == pytest.approx(2 * grow1)

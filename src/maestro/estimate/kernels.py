@@ -47,9 +47,16 @@ def gemm_time(m: float, n: float, k: float, hw: Hardware, eff: float) -> float:
     """
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
-    tiles = math.ceil(m / TILE_M) * math.ceil(n / TILE_N)
-    waves = math.ceil(tiles / hw.sms)
-    quant = (m * n) / (waves * hw.sms * TILE_M * TILE_N) * k / (k + GEMM_K_OVERHEAD)
+    # cuBLAS picks smaller tiles for skinny shapes and splits K when the tiles cannot fill
+    # the SMs; what stays lost is the padded edge of the tiles and the last wave's idle SMs
+    tm = min(TILE_M, 2 ** math.ceil(math.log2(max(m, 16))))
+    tn = min(TILE_N, 2 ** math.ceil(math.log2(max(n, 16))))
+    tiles = math.ceil(m / tm) * math.ceil(n / tn)
+    split = max(1, min(hw.sms // tiles, int(k // GEMM_K_OVERHEAD))) if tiles < hw.sms else 1
+    work = tiles * split
+    waves = math.ceil(work / hw.sms)
+    kk = k / split
+    quant = (m * n) / (tiles * tm * tn) * work / (waves * hw.sms) * kk / (kk + GEMM_K_OVERHEAD)
     compute = 2.0 * m * n * k / (hw.gemm_peak * eff * quant)
     memory = 2.0 * (m * k + k * n + m * n) / (hw.hbm_bw * hw.hbm_eff)
     return max(compute, memory) + hw.kernel_launch

@@ -4,11 +4,13 @@ The planner and the simulator price a section's strategy with the same model: th
 ``LayoutCostModel`` wraps the workload's cost model (analytical, or measured on this machine)
 and adds what the strategy costs, the way ``maestro.parallel`` runs it:
 
-- **Tensor parallel** (``tp``, Megatron-style, within one NVLink domain): a replica of ``tp``
-  ranks does ``1/tp`` of the blocks' work per rank (the rest of the section, e.g. an LM head,
-  and the per-layer fixed overhead are not shared), pays two all-reduces of a block's
-  activations per block and pass (forward; backward repeats them, and recompute repeats the
-  forward's), and holds ``1/tp`` of the weights, optimizer state and activations.
+- **Tensor parallel** (``tp``, Megatron-style, within one NVLink domain): on an analytical
+  model every GEMM, attention and elementwise kernel is priced at the per-GPU widths
+  (``hidden / tp``, ``ffn / tp``; ``maestro.estimate.kernels``), so narrow shards lose GEMM
+  efficiency; on a measured model a replica of ``tp`` ranks does ``1/tp`` of the blocks'
+  work. Either pays two all-reduces (sequence parallel: all-gather plus reduce-scatter) of a
+  block's activations per block and pass (forward; backward repeats them, and recompute
+  repeats the forward's), and holds ``1/tp`` of the weights, optimizer state and activations.
   Gradient all-reduce and optimizer step shrink by ``tp`` too.
 - **FSDP** (``fsdp``, FSDP2 ``fully_shard`` per block, then the root): every micro-batch
   all-gathers the section's parameters in its forward (one collective per block and the
@@ -25,7 +27,9 @@ and adds what the strategy costs, the way ``maestro.parallel`` runs it:
 Collectives are rings: an all-gather or reduce-scatter of ``B`` bytes over ``n`` ranks costs
 ``(n - 1) / n * B / bw + (n - 1) * latency``, an all-reduce twice that. On an analytical GPU
 model, FSDP's gathers overlap compute (FSDP2 prefetches the next block): only what exceeds
-the pass's compute, plus one block's gather, is exposed. On a measured (CPU) model the
+the pass's compute, plus one block's gather, is exposed, and the compute beside the
+overlapped part runs slower by the collectives' share of the SMs (``Hardware.overlap_slowdown``,
+as ``maestro estimate`` prices it). On a measured (CPU) model the
 collectives run on the same cores as the compute and add up.
 
 With every strategy at its default, every method returns the base model's value exactly.
@@ -136,9 +140,11 @@ class LayoutCostModel(CostModel):
     def _link(self, section: str, ranks: int) -> tuple[float, float]:
         """``(bytes/s, seconds per message)`` of a collective over a group of ``ranks``
         consecutive ranks."""
-        if self.analytical:
-            g = self.base.gpu
-            return (g.nvlink_bw if ranks <= g.gpus_per_node else g.net_bw), g.link_latency
+        if self.analytical:  # NCCL's bus bandwidth, as maestro.estimate prices it
+            hw = self.base.hw
+            if ranks <= hw.gpus_per_node:
+                return hw.nvlink_bw * hw.nvlink_eff, hw.link_latency
+            return hw.net_bw * hw.net_eff, hw.link_latency
         return float(getattr(self.base, "link_bw", 2e9)), float(
             getattr(self.base, "link_latency", 50e-6)
         )
@@ -153,11 +159,12 @@ class LayoutCostModel(CostModel):
         t = self.strategy(section).tp
         if t <= 1 or feats.get("samples", 0.0) <= 0:
             return 0.0
-        if self.analytical:  # exactly the planner's original TP model
+        if self.analytical:  # sequence parallel: an all-reduce is an all-gather + a reduce-scatter
+            from maestro.estimate.step import ring_time
+
             shape = self.base.shapes[section]
-            nbytes = 2.0 * shape.positions(feats) * shape.hidden  # bf16, one layer
-            g = self.base.gpu
-            one = 2.0 * (t - 1) / t * nbytes / g.nvlink_bw + g.link_latency
+            nbytes = 2.0 * shape.computed_positions(feats) * shape.hidden  # bf16, one layer
+            one = 2.0 * ring_time(nbytes, t, self.base.hw, True)
             return allreduces * shape.layers * one
         fa = self._facts[section]
         nbytes = self._positions(section, feats) * fa.hidden * fa.act_bytes
@@ -168,10 +175,8 @@ class LayoutCostModel(CostModel):
         t = self.strategy(section).tp
         if t <= 1 or seconds <= 0:
             return seconds
-        if self.analytical:
-            overhead = passes * self.base.shapes[section].layers * self.base.gpu.layer_overhead
-            overhead = min(overhead, seconds)
-            return (seconds - overhead) / t + overhead
+        # (an analytical base prices its kernels at the per-GPU widths: AnalyticalCostModel
+        # .pass_times; this split is for measured models)
         bf = self._facts[section].block_fraction
         return seconds * (1.0 - bf) + seconds * bf / t
 
@@ -192,14 +197,19 @@ class LayoutCostModel(CostModel):
                 comm += _ring(full * fa.block_fraction, s.fsdp, bw, 0.0)
                 comm += fa.blocks * (s.fsdp - 1) * lat
             comm += _ring(fa.grad_bytes / s.tp, s.fsdp, bw, 0.0) + units * (s.fsdp - 1) * lat
-        if self.overlap:  # prefetched under compute; the first unit's collective is exposed
-            return max(0.0, comm - compute) + comm / units
+        if self.overlap:  # prefetched under compute; the first unit's collective is exposed,
+            # and the compute beside the rest runs on fewer SMs (maestro.estimate.step)
+            slow = self.base.hw.overlap_slowdown - 1.0 if self.analytical else 0.0
+            return max(0.0, comm - compute) + comm / units + slow * min(comm, compute)
         return comm
 
     # --- the CostModel interface --------------------------------------------------------------
 
     def forward_time(self, section: str, feats: Features) -> float:
-        f = self._tp_split(section, self.base.forward_time(section, feats), 1.0)
+        if self.analytical:  # the kernels at the per-GPU widths of the TP group
+            f = self.base.pass_times(section, feats, self.strategy(section).tp)[0]
+        else:
+            f = self._tp_split(section, self.base.forward_time(section, feats), 1.0)
         f += self._tp_comm(section, feats, 2.0)
         if feats.get("samples", 0.0) > 0:
             f += self._fsdp_comm(section, f, backward=False)
@@ -207,10 +217,10 @@ class LayoutCostModel(CostModel):
 
     def backward_time(self, section: str, feats: Features) -> float:
         s = self.strategy(section)
-        base_b = self.base.backward_time(section, feats)
+        base_b = 0.0 if self.analytical else self.base.backward_time(section, feats)
         if self.analytical:
             passes = 3.0 if self.base.shapes[section].recompute else 2.0
-            b = self._tp_split(section, base_b, passes)
+            b = self.base.pass_times(section, feats, s.tp)[1]
         else:
             passes = 3.0 if s.recompute else 2.0
             b = self._tp_split(section, base_b, 2.0)
@@ -258,7 +268,9 @@ class LayoutCostModel(CostModel):
         s = self.strategy(section)
         if self.analytical:
             total = self.base.memory_bytes(section, feats, trainable)
-            state = (18.0 if trainable else 2.0) * self.base.shapes[section].params
+            state = self.base.state_bytes(section, trainable) * (
+                1.0 + self.base.fw.allocator_headroom
+            )
         else:
             fa = facts_of(self.base, section)
             state = fa.state_bytes if fa is not None else 0.0
