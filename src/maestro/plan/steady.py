@@ -10,7 +10,9 @@ scores a layout by replaying its one schedule for ``steps`` consecutive steps th
 the cost model's step overhead, scheduler time, contention and step correction, when it
 has them: a profile fitted from real runs, ``maestro.sim.calibrate``).
 
-Every step replays the same schedule (one global batch, as the planner scores).
+Every step replays the same schedule (one global batch, as the planner scores), under the
+simulator's one set of in-step rules for every layout (FSDP lockstep per shard group, padding:
+``maestro.schedule.timeline``), so a monolithic baseline and a per-section plan are scored alike.
 """
 
 from __future__ import annotations

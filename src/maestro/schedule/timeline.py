@@ -22,12 +22,19 @@ sections then backward on one rank, and all-reduces every trainable section over
 
 Parallel strategies inside a section are the cost model's: a layout model
 (``maestro.plan.tpmodel.LayoutCostModel``) prices tensor-parallel all-reduces and FSDP
-all-gathers and reduce-scatters into each micro-batch's compute, and the step's tail. A
-section whose replicas run in lockstep (``cost_model.lockstep``: FSDP's collectives) is
-replayed as the runtime runs it: a replica with fewer micro-batches runs padding
-micro-batches (one sample: the first of the batch that activates the section), and every
-replica's ``k``-th forward (backward) starts when all of them are ready for it and lasts as
-long as the slowest.
+all-gathers and reduce-scatters into each micro-batch's compute, and the step's tail.
+
+One lockstep rule for every layout. A section whose cost model says ``lockstep(n) = k > 1``
+(FSDP's collectives), trainable or frozen, runs in lockstep within shard groups of ``k``
+consecutive replicas (``shard_groups``): every replica of a group is padded to the group's
+busiest micro-batch count (a padding micro-batch is one sample: the first of the batch that
+activates the section), and each replica's ``i``-th forward (backward) starts when every
+replica of its group is ready for it and lasts as long as the slowest. Groups do not wait for
+each other before the step's tail (HSDP's once-per-step all-reduce across groups is in
+``allreduce_time``). A colocated schedule follows the same rule with a rank's whole-model
+micro-batches: the ranks of a group pad to the same number and run each section's pass of
+each micro-batch in step (``_simulate_colocated``), so a one-section layout replays to the
+same step time either way.
 
 Transfers are latency plus bytes over the link bandwidth (NVLink inside a node, the network
 across nodes); link contention is not modelled. Ranks are assigned to sections in
@@ -146,6 +153,23 @@ def simulate(
     return step.run(start, trace=trace, arrival_order=arrival_order)
 
 
+def lockstep_degree(cost_model: CostModel, section: str) -> int:
+    """``k > 1`` when ``section``'s replicas run in lockstep in shard groups of ``k``
+    consecutive replicas (``cost_model.lockstep``: FSDP), else 0; 0 for a cost model without
+    ``lockstep``."""
+    fn = getattr(cost_model, "lockstep", None)
+    k = int(fn(section)) if fn is not None else 0
+    return k if k > 1 else 0
+
+
+def shard_groups(replicas: int, k: int) -> list[list[int]]:
+    """The shard groups of ``replicas`` replicas at lockstep degree ``k``: ``k`` consecutive
+    replicas each (the mesh's ``replica = dp_index * fsdp + fsdp_index``); the last group is
+    shorter when ``k`` does not divide ``replicas``. ``k <= 1``: every replica on its own."""
+    k = max(1, k)
+    return [list(range(g, min(g + k, replicas))) for g in range(0, replicas, k)]
+
+
 def _gpus_per_node(cost_model: CostModel, gpus_per_node: int | None) -> int:
     if gpus_per_node is None:
         gpu = getattr(cost_model, "gpu", None)
@@ -179,6 +203,11 @@ class StepModel:
         self.schedule, self.cm, self.sections = schedule, cost_model, sections
         self.cost_of = {s.sample_id: s.cost for s in samples}
         self.num_samples = len(samples)
+        # a padding micro-batch (lockstep) is one sample: the first that activates the section
+        self.pad_sample: dict[str, SampleInfo] = {}
+        for x in samples:
+            for n in x.sections:
+                self.pad_sample.setdefault(n, x)
         if schedule.colocated:
             return
         order = self.order = topo_order(sections)
@@ -214,27 +243,28 @@ class StepModel:
             for n in order
             if self.roles[n] != "forward"
         }
-        # lockstep sections (FSDP): pad every replica to the busiest one's micro-batch count
-        lockstep = getattr(cost_model, "lockstep", None)
-        self.lockstep: dict[str, int] = {}  # section -> replicas per forward sync group
+        # lockstep sections (FSDP), trainable or frozen: every replica of a shard group (k
+        # consecutive replicas) is padded to the group's busiest micro-batch count; groups are
+        # independent (HSDP couples them only in the step's tail, ``allreduce_time``)
+        self.lockstep: dict[str, int] = {}  # section -> replicas per shard group
         for n in order:
-            k = int(lockstep(n)) if lockstep is not None else 0
+            k = lockstep_degree(cost_model, n)
             if k > 1:
-                reps = len(schedule.order[n])
-                self.lockstep[n] = k if self.by_name[n].frozen else reps
-        for n in self.lockstep:
-            num = max((len(mbs) for mbs in schedule.order[n]), default=0)
-            first = next((x for x in samples if n in x.sections), None)
+                self.lockstep[n] = k
+        for n, k in self.lockstep.items():
+            first = self.pad_sample.get(n)
             if first is None:
                 continue
             f1 = micro_batch_features([first.cost])
             pad_f = cost_model.forward_time(n, f1)
             pad_b = cost_model.backward_time(n, f1) if n in self.bwd_s else 0.0
-            for r, mbs in enumerate(schedule.order[n]):
-                extra = num - len(mbs)
-                self.fwd_s[n][r] += [pad_f] * extra
-                if n in self.bwd_s:
-                    self.bwd_s[n][r] += [pad_b] * extra
+            for grp in shard_groups(len(schedule.order[n]), k):
+                num = max(len(schedule.order[n][r]) for r in grp)
+                for r in grp:
+                    extra = num - len(schedule.order[n][r])
+                    self.fwd_s[n][r] += [pad_f] * extra
+                    if n in self.bwd_s:
+                        self.bwd_s[n][r] += [pad_b] * extra
         # coalesced messages ``(producer replica, mb, consumer replica, mb, transfer seconds)``
         # per (producer, consumer) edge: outputs one way, gradients (same size) the other
         self.msgs: dict[tuple[str, str], list[tuple[int, int, int, int, float]]] = {}
@@ -395,19 +425,19 @@ class StepModel:
         return SimResult(step, self.num_samples, stats, events, world_size=self.world)
 
     def _lockstep_forwards(self, n, need, not_before, start, k, trace, events):
-        """Forwards (and a step section's backwards) of a lockstep section: index by index,
-        every replica starts when all are ready and takes as long as the slowest."""
+        """Forwards (and a step section's backwards) of a lockstep section: per shard group,
+        index by index, every replica of the group starts when all of them are ready and
+        takes as long as the slowest (the group's replicas have the same count, padded)."""
         reps = self.schedule.order[n]
-        num = max((len(x) for x in self.fwd_s[n]), default=0)
         t = [float(start[n][r]) if start is not None else 0.0 for r in range(len(reps))]
         busy = [0.0] * len(reps)
         fe = [[] for _ in reps]
         be = [[] for _ in reps]
         st = [[] for _ in reps]
         step_role = self.roles[n] == "step"
-        size = self.lockstep[n]
-        groups = [range(g, min(g + size, len(reps))) for g in range(0, len(reps), size)]
-        for grp in groups:
+        for grp in shard_groups(len(reps), self.lockstep[n]):
+            num = len(self.fwd_s[n][grp[0]])
+            assert all(len(self.fwd_s[n][r]) == num for r in grp), "group not padded"
             for i in range(num):
                 s0 = max(
                     max(t[r], need.get((r, i), 0.0), not_before.get((n, r, i), 0.0)) for r in grp
@@ -434,21 +464,25 @@ class StepModel:
 
     def _lockstep_backwards(self, n, grad_at, st, k, trace, events):
         """A lockstep producer's backwards, in schedule order (padding last, needing no
-        gradients), each starting when every replica has its gradients."""
+        gradients), per shard group: each starts when every replica of the group has its
+        gradients and lasts as long as the slowest."""
         reps = self.schedule.order[n]
-        num = max((len(x) for x in self.bwd_s[n]), default=0)
         t = list(st.finish)
-        be = [[0.0] * num for _ in reps]
-        for i in range(num):
-            s0 = max(max(t[r], grad_at.get((r, i), 0.0)) for r in range(len(reps)))
-            bt = [self.bwd_s[n][r][i] * k for r in range(len(reps))]
-            end = s0 + max(bt)
-            for r in range(len(reps)):
-                be[r][i] = end
-                st.busy[r] += bt[r]
-                if trace:
-                    events.append((n, r, "bwd", s0, s0 + bt[r]))
-            t = [end] * len(reps)
+        be: list[list[float]] = [[] for _ in reps]
+        for grp in shard_groups(len(reps), self.lockstep[n]):
+            num = len(self.bwd_s[n][grp[0]])
+            for r in grp:
+                be[r] = [0.0] * num
+            for i in range(num):
+                s0 = max(max(t[r], grad_at.get((r, i), 0.0)) for r in grp)
+                bt = {r: self.bwd_s[n][r][i] * k for r in grp}
+                end = s0 + max(bt.values())
+                for r in grp:
+                    be[r][i] = end
+                    st.busy[r] += bt[r]
+                    t[r] = end
+                    if trace:
+                        events.append((n, r, "bwd", s0, s0 + bt[r]))
         st.finish = t
         return be
 
@@ -486,17 +520,42 @@ def _simulate_colocated(m: StepModel, trace: bool, scale: Mapping[str, float]) -
     ``maestro.sim.calibrate``), a micro-batch costs that fit on the features of all its
     samples, and the step's tail and overhead are the monolithic runtime's; the per-section
     statistics split the micro-batch's time in proportion to the sections' own fits.
+
+    Lockstep (FSDP, ``lockstep_degree``) is the per-section rule applied to whole-model
+    micro-batches: a section with degree ``k > 1`` syncs the ranks of each shard group (``k``
+    consecutive ranks). Micro-batch ``i``'s forward (backward) of the section starts on every
+    rank of the group when all of them are ready for it and lasts as long as the slowest; a
+    rank of the group with no part in it (an empty part, or past its last micro-batch) runs a
+    padding part of one sample (the first of the batch that activates the section, priced by
+    the section's own fit). So the ranks of a group run the same number of whole-model
+    micro-batches; ranks of different groups do not wait for each other before the tail.
     """
     schedule, cm, by_name = m.schedule, m.cm, m.by_name
     order = topo_order(m.sections)
     whole = getattr(cm, "whole_model", None)
     world = len(schedule.order[order[0]])
+    counts = [len(schedule.order[order[0]][r]) for r in range(world)]
     busy = {n: [0.0] * world for n in order}
-    finish = [0.0] * world
     events = []
-    for r in range(world):
-        t = 0.0
-        for i in range(len(schedule.order[order[0]][r])):
+    lock = {n: k for n in order if (k := lockstep_degree(cm, n)) > 1}
+    pads: dict[str, tuple[float, float]] = {}  # lockstep section -> padding part (fwd, bwd)
+    for n in lock:
+        first = m.pad_sample.get(n)
+        if first is None:
+            continue  # no sample activates it: it never runs, so nothing to sync
+        f1 = micro_batch_features([first.cost])
+        k = scale.get(n, 1.0)
+        pad_b = 0.0 if by_name[n].frozen else cm.backward_time(n, f1) * k
+        pads[n] = (cm.forward_time(n, f1) * k, pad_b)
+    t = [0.0] * world
+    for i in range(max(counts, default=0)):
+        fwd_r: list[dict[str, float]] = []
+        bwd_r: list[dict[str, float]] = []
+        for r in range(world):
+            if i >= counts[r]:
+                fwd_r.append({})
+                bwd_r.append({})
+                continue
             parts = {n: schedule.order[n][r][i].sample_ids for n in order}
             fs = {n: micro_batch_features(m.cost_of[s] for s in parts[n]) for n in order}
             fwd = {n: cm.forward_time(n, fs[n]) * scale.get(n, 1.0) for n in order if parts[n]}
@@ -510,19 +569,36 @@ def _simulate_colocated(m: StepModel, trace: bool, scale: Mapping[str, float]) -
                 f_all, b_all = whole.times(micro_batch_features(m.cost_of[s] for s in ids))
                 fwd = _spread(fwd, f_all)
                 bwd = _spread(bwd, b_all)
-            for n in order:
-                if n in fwd:
-                    if trace:
-                        events.append((n, r, "fwd", t, t + fwd[n]))
-                    t += fwd[n]
-                    busy[n][r] += fwd[n]
-            for n in reversed(order):
-                if n in bwd:
-                    if trace:
-                        events.append((n, r, "bwd", t, t + bwd[n]))
-                    t += bwd[n]
-                    busy[n][r] += bwd[n]
-        finish[r] = t
+            fwd_r.append(fwd)
+            bwd_r.append(bwd)
+        # FSDP's collectives need every rank of the shard group in the section's pass
+        for n, (pf, pb) in pads.items():
+            for grp in shard_groups(world, lock[n]):
+                if any(n in fwd_r[r] for r in grp):
+                    for r in grp:
+                        if n not in fwd_r[r]:
+                            fwd_r[r][n] = pf
+                            if not by_name[n].frozen:
+                                bwd_r[r][n] = pb
+        for kind, seq, times in (("fwd", order, fwd_r), ("bwd", order[::-1], bwd_r)):
+            for n in seq:
+                if n in lock:
+                    groups = shard_groups(world, lock[n])
+                else:
+                    groups = [[r] for r in range(world)]
+                for grp in groups:
+                    members = [r for r in grp if n in times[r]]
+                    if not members:
+                        continue
+                    s0 = max(t[r] for r in members)
+                    end = s0 + max(times[r][n] for r in members)
+                    for r in members:
+                        own = times[r][n]
+                        if trace:
+                            events.append((n, r, kind, s0, s0 + own))
+                        busy[n][r] += own
+                        t[r] = end
+    finish = t
     if whole is not None:
         allreduce, overhead = whole.tail(world), whole.step_overhead
     else:

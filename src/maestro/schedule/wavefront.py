@@ -16,6 +16,14 @@ rest, most downstream work first). ``wavefront_schedule`` runs a few variants an
 schedule the simulator predicts fastest on the same cost model; the data-order (fifo)
 schedule competes too, so a wavefront schedule is never predicted slower than fifo's.
 
+A section whose cost model runs it in lockstep (``cost_model.lockstep(n) = k > 1``: FSDP) is
+scheduled by shard group (``k`` consecutive replicas) instead of by replica: the earliest-free
+group takes a round of one micro-batch per replica, dealt from the ready samples so their
+costs stay close, and the round takes as long as its slowest micro-batch (the simulator's
+lockstep rule); a group with fewer ready samples than replicas waits for more while any are
+to come. So the replicas of a group get the same number of micro-batches, but for the
+section's very last round when the samples run out, and the lockstep replay pads only that.
+
 Estimated readiness follows the runtime's execution rule (see ``maestro.sim``): a sample's
 output of a section exists when the forward of its micro-batch ends; a section whose backward
 runs right after each forward (``role == "step"``) is busy for forward plus backward; a frozen
@@ -37,7 +45,7 @@ from maestro.schedule.graph import (
     role,
     topo_order,
 )
-from maestro.schedule.timeline import simulate
+from maestro.schedule.timeline import lockstep_degree, shard_groups, simulate
 from maestro.schedule.types import (
     MicroBatch,
     SampleInfo,
@@ -144,6 +152,8 @@ class _Prep:
     cm: CostModel
     cost_of: dict[int, Mapping[str, float]]
     send: dict[str, dict[int, float]]  # producer -> sample -> estimated transfer seconds
+    own: dict[str, dict[int, float]]  # section -> sample -> its estimated compute seconds
+    lockstep: dict[str, int]  # section -> shard-group size (> 1: FSDP lockstep)
     key: dict[str, dict[int, tuple]]  # section -> sample -> pool key (smaller = sooner)
     johnson: dict[str, dict[int, tuple]]  # the same, producers ordered by Johnson's rule
 
@@ -175,10 +185,13 @@ def _prepare(samples, sections, cm: CostModel) -> _Prep:
         bwd[n] = {} if roles[n] == "forward" else {i: cm.backward_time(n, full[i]) / m for i in act}
     key = {}
     johnson = {}
+    owns: dict[str, dict[int, float]] = {}
     for n in order:
         k, kj = {}, {}
+        owns[n] = {}
         for i in fwd[n]:
             own = fwd[n][i] + (bwd[n].get(i, 0.0) if roles[n] == "step" else 0.0)
+            owns[n][i] = own
             down = sum(fwd[d].get(i, 0.0) + bwd[d].get(i, 0.0) for d in descendants[n])
             up = sum(bwd[a].get(i, 0.0) for a in grad_ancestors[n])
             # most work unblocked first (downstream passes, upstream backwards waiting for
@@ -194,7 +207,8 @@ def _prepare(samples, sections, cm: CostModel) -> _Prep:
         key[n] = k
         johnson[n] = kj
     send = {n: {i: cm.transfer_time(n, one[i], True) for i in fwd[n]} for n in order}
-    return _Prep(by_name, order, roles, cm, cost_of, send, key, johnson)
+    lock = {n: k for n in order if (k := lockstep_degree(cm, n)) > 1}
+    return _Prep(by_name, order, roles, cm, cost_of, send, owns, lock, key, johnson)
 
 
 def _greedy(prep: _Prep, lookahead: float, johnson: bool = False) -> Schedule:
@@ -213,15 +227,28 @@ def _greedy(prep: _Prep, lookahead: float, johnson: bool = False) -> Schedule:
                 if done is not None:
                     t = max(t, done + prep.send[p][i])
             ready[i] = t
-        reps, out_time[n] = _list_schedule(
-            sec,
-            ready,
-            (prep.johnson if johnson else prep.key)[n],
-            prep.cost_of,
-            prep.cm,
-            with_backward=prep.roles[n] == "step",
-            lookahead=lookahead,
-        )
+        keys = (prep.johnson if johnson else prep.key)[n]
+        if n in prep.lockstep:
+            reps, out_time[n] = _lockstep_list_schedule(
+                sec,
+                prep.lockstep[n],
+                ready,
+                keys,
+                prep.own[n],
+                prep.cost_of,
+                prep.cm,
+                with_backward=prep.roles[n] == "step",
+            )
+        else:
+            reps, out_time[n] = _list_schedule(
+                sec,
+                ready,
+                keys,
+                prep.cost_of,
+                prep.cm,
+                with_backward=prep.roles[n] == "step",
+                lookahead=lookahead,
+            )
         result[n] = reps
     return Schedule(order=result, name="wavefront")
 
@@ -276,6 +303,98 @@ def _list_schedule(
         reps[r].append(MicroBatch(tuple(mb)))
         heapq.heappush(replicas, (end, r))
     return reps, done_at
+
+
+def _lockstep_list_schedule(
+    sec: SectionSpec,
+    k: int,
+    ready: dict[int, float],
+    key: dict[int, tuple],
+    own: dict[int, float],
+    cost_of: dict,
+    cm: CostModel,
+    with_backward: bool,
+) -> tuple[list[list[MicroBatch]], dict[int, float]]:
+    """``_list_schedule`` for a lockstep section: the event loop runs over shard groups
+    (``k`` consecutive replicas, ``shard_groups``), not replicas.
+
+    The earliest-free group takes one round: a micro-batch for each of its replicas, filled
+    together from the ready samples (``_fill_round``), so the replicas of a group keep the
+    same micro-batch count and similar micro-batches; the round ends when its slowest
+    micro-batch does (the replay's lockstep rule). A group with fewer ready samples than
+    replicas waits for more while any are still to come, so only the last round of a group
+    can leave a replica without a micro-batch (when the samples run out). No lookahead: the
+    group already waits for its round to fill.
+
+    Returns the per-replica micro-batches and each sample's estimated output time.
+    """
+    pending = sorted(ready, key=lambda i: ready[i], reverse=True)  # pop() = earliest
+    pool: list[tuple] = []
+    groups = shard_groups(sec.dp, k)
+    free = [(0.0, g) for g in range(len(groups))]
+    reps: list[list[MicroBatch]] = [[] for _ in range(sec.dp)]
+    done_at: dict[int, float] = {}
+    while pending or pool:
+        t, g = heapq.heappop(free)
+        grp = groups[g]
+        while pending and ready[pending[-1]] <= t:
+            heapq.heappush(pool, key[pending.pop()])
+        # a round needs a sample per replica: wait for arrivals while any are to come
+        while pending and len(pool) < len(grp):
+            t = max(t, ready[pending[-1]])
+            while pending and ready[pending[-1]] <= t:
+                heapq.heappush(pool, key[pending.pop()])
+        fwd, bwd = 0.0, 0.0  # the round's slowest forward and backward
+        taken: list[int] = []
+        for r, mb in zip(grp, _fill_round(pool, sec, cost_of, own, len(grp))):
+            feats = micro_batch_features(cost_of[i] for i in mb)
+            fwd = max(fwd, cm.forward_time(sec.name, feats))
+            if with_backward:
+                bwd = max(bwd, cm.backward_time(sec.name, feats))
+            reps[r].append(MicroBatch(tuple(mb)))
+            taken.extend(mb)
+        for i in taken:  # every forward of the round ends with the slowest
+            done_at[i] = t + fwd
+        heapq.heappush(free, (t + fwd + bwd, g))
+    return reps, done_at
+
+
+def _fill_round(
+    pool: list[tuple], sec: SectionSpec, cost_of: dict, own: dict[int, float], k: int
+) -> list[list[int]]:
+    """Pop one round of up to ``k`` micro-batches from ``pool`` (best keys first), dealt so
+    their estimated costs stay close: each sample goes to the micro-batch with room that has
+    no sample yet, else the one with the least estimated cost (ties: the lowest index), so
+    every replica of the round gets a sample before any gets two. Empty micro-batches are
+    dropped (fewer samples than ``k``)."""
+    mbs: list[list[int]] = [[] for _ in range(k)]
+    tok = [0.0] * k
+    load = [0.0] * k
+    skipped: list[tuple] = []
+    budget = sec.token_budget
+    # as ``_fill``: a few samples too long for any remaining token budget are passed over
+    while pool and len(skipped) < 8 and any(len(m) < sec.micro_batch_size for m in mbs):
+        item = heapq.heappop(pool)
+        i = item[-1]
+        ti = cost_of[i].get("tokens", 0.0)
+        room = [
+            j
+            for j in range(k)
+            if len(mbs[j]) < sec.micro_batch_size
+            and (budget is None or not mbs[j] or tok[j] + ti <= budget)
+        ]
+        if not room:
+            skipped.append(item)
+            continue
+        j = min(room, key=lambda j: (bool(mbs[j]), load[j], j))
+        mbs[j].append(i)
+        tok[j] += ti
+        load[j] += own.get(i, 0.0)
+    for item in skipped:
+        heapq.heappush(pool, item)
+    out = [m for m in mbs if m]
+    assert out, "a free group with a non-empty pool must take a sample"
+    return out
 
 
 def _fill(pool: list[tuple], sec: SectionSpec, cost_of: dict) -> list[int]:

@@ -17,6 +17,11 @@ planner's steady-state scoring (``maestro.plan.steady``) is this replay of one s
 - A colocated (monolithic) step runs on ranks that are all trainable: the next step starts
   when it ends.
 
+Inside a step every layout follows the same rules (``StepModel``), FSDP's included: a section
+with ``cost_model.lockstep(n) = k > 1`` runs in lockstep within each shard group of ``k``
+consecutive replicas (padded to the group's busiest micro-batch count), per-section or
+colocated alike, and groups meet only at the step's end (the guard and the all-reduce).
+
 Ranks on one machine slow each other down (shared memory bandwidth, caches, or cores when
 there are more ranks than cores). With ``contention = c`` (fitted by ``maestro.sim.calibrate``)
 a section's compute takes ``1 + c * k`` times its uncontended time, where ``k`` is the mean
