@@ -90,12 +90,12 @@ class CostModel:
         raise NotImplementedError
 
     def lockstep(self, section: str) -> int:
-        """``k > 1``: the replicas of ``section`` run in step, ``k`` consecutive ones sharing
-        each forward's collectives (FSDP's all-gathers; a trainable section's backwards
-        couple all of them: reduce-scatter, then HSDP's all-reduce), and every replica runs
-        as many micro-batches as the busiest (``maestro.runtime`` pads the others). ``0``
-        (default): replicas are independent (``maestro.plan.tpmodel.LayoutCostModel``
-        says otherwise for FSDP)."""
+        """``k > 1``: the replicas of ``section`` run in step within shard groups of ``k``
+        consecutive ones (FSDP's all-gathers and reduce-scatters; HSDP's all-reduce across
+        groups is once per step, in ``allreduce_time``), and every replica of a group runs
+        as many micro-batches as the group's busiest (padded). ``0`` (default): replicas are
+        independent (``maestro.plan.tpmodel.LayoutCostModel`` says ``fsdp`` for FSDP). The
+        simulator applies the same rule to every layout (``schedule.timeline``)."""
         return 0
 
 

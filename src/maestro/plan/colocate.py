@@ -191,6 +191,16 @@ class GroupedCostModel(CostModel):
             if hasattr(base, attr):
                 setattr(self, attr, getattr(base, attr))
 
+    def lockstep(self, section: str) -> int:
+        """A group's members share its replicas: the group runs in lockstep as far as its
+        most sharded member does (the base model's ``lockstep``, per member)."""
+        base = getattr(self.base, "lockstep", None)
+        if base is None:
+            return 0
+        if section not in self.members:
+            return int(base(section))
+        return max((int(base(n)) for n in self.members[section]), default=0)
+
     def _chunks(self, group: str, feats: Features, members=None):
         """``(member, chunks, features of one chunk)`` for every member with samples."""
         for n in members if members is not None else self.members[group]:

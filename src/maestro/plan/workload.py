@@ -31,7 +31,16 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-SCENARIOS = ("kd", "mllm", "mllm-audio")
+SCENARIOS = (
+    "kd",
+    "mllm",
+    "mllm-audio",
+    "kd-light",
+    "mllm-light",
+    "kd-72b",
+    "mllm-vl",
+    "mllm-internvl",
+)
 #: image+audio share of the mllm-audio scenario at 40% text-only (kept proportional).
 _AUDIO_AT_40 = 0.15
 
@@ -41,7 +50,8 @@ class ScenarioSpec:
     """A paper-like scenario, as in the ``[scenario]`` table of ``examples/paper_*.toml``."""
 
     name: str = "kd"
-    """``kd``, ``mllm`` or ``mllm-audio``."""
+    """A scenario of ``maestro.sim.scenarios.NAMES`` (``kd``, ``mllm``, ``mllm-audio``: light;
+    ``kd-72b``, ``mllm-vl``, ``mllm-internvl``: paper-like)."""
     gpu: str = "H100"
     """Analytical GPU preset: ``H100`` or ``H200``."""
     gpus: int = 256
@@ -97,7 +107,10 @@ def scenario_workload(spec: ScenarioSpec, gpus: int | None = None) -> Workload:
     from maestro.sim.scenarios import build, mllm_samples
 
     spec.validate()
-    n = spec.samples_per_gpu * spec.gpus
+    from maestro.sim.scenarios import HEAVY_BATCH
+
+    # the heavy scenarios keep one global batch for every budget (strong scaling)
+    n = HEAVY_BATCH.get(spec.name) or spec.samples_per_gpu * spec.gpus
     sc = build(spec.name, max(spec.gpus, 3), n, spec.gpu, spec.seed, spec.text_only)
     samples = sc.samples
     if spec.name == "mllm-audio" and spec.text_only != 0.4:
@@ -132,7 +145,10 @@ def _scenario_tp_plans(name: str) -> tuple[tuple[str, bool], ...] | None:
     from maestro.hf.scenarios import scenario_job
     from maestro.sim.scenarios import build
 
-    job, job_cfg = scenario_job(name)
+    try:
+        job, job_cfg = scenario_job(name)
+    except ValueError:  # a scenario without a Hugging Face job: its shapes' declaration stands
+        return None
     secs = {s.name: {} for s in build(name, 3, 1).sections}
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # (the Whisper config warns of its token ids)

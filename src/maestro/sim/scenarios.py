@@ -9,6 +9,18 @@ work), and an ``AnalyticalCostModel`` with the sections' transformer shapes:
   ~7B LLM; ``text_only`` of the samples have no image.
 - ``mllm-audio``: the same plus a ~300M audio encoder; 40% text-only, 45% one image, 15% image
   and audio.
+
+These three are the light cases (the teacher only 5x the student, the encoder ~6% of the
+compute, lengths up to 8k; ``kd-light`` and ``mllm-light`` name them too). The paper-like
+heavy cases, at a fixed global batch whatever the GPU budget (strong scaling):
+
+- ``kd-72b``: a Qwen2.5-72B-like frozen teacher and a Qwen2.5-7B-like student (logit KD, top-64
+  logits per token sent), long-tailed lengths up to 32k tokens; 1,024 samples per step.
+- ``mllm-vl``: a Qwen2-VL-like dynamic-resolution ViT (~0.67B; 4 to 16,384 visual tokens per
+  image, merged 4:1 into the LLM, up to 4 images per sample) with a Qwen2.5-7B-like LLM;
+  2,048 samples per step.
+- ``mllm-internvl``: an InternViT-6B-like encoder on 1 to 12 tiles of 1,025 tokens (256 LLM
+  tokens per tile after pixel shuffle) with the same 7B LLM; 2,048 samples per step.
 """
 
 from __future__ import annotations
@@ -67,6 +79,113 @@ SHAPES: dict[str, SectionShape] = {
         out_bytes_per_unit=TOP_K * 6,  # bf16 value + int32 index per kept logit
     ),
 }
+
+
+# Heavy (paper-like) scenarios. Shapes from the models' config.json (maestro.estimate.models
+# presets); the encoders keep tp_plan=False (the runtime has no TP plan for their towers).
+QWEN7B = SectionShape(
+    layers=28, hidden=3584, ffn_hidden=18944, vocab=152064, heads=28, kv_heads=4, gated=True
+)
+HEAVY_SHAPES: dict[str, dict[str, SectionShape]] = {
+    "kd-72b": {
+        "teacher": SectionShape(
+            layers=80,
+            hidden=8192,
+            ffn_hidden=29568,
+            vocab=152064,
+            heads=64,
+            kv_heads=8,
+            gated=True,
+            out_bytes_per_unit=TOP_K * 6,  # bf16 value + int32 index per kept logit
+        ),
+        "student": QWEN7B,
+    },
+    "mllm-vl": {
+        "vision": SectionShape(
+            layers=32,
+            hidden=1280,
+            ffn_hidden=5120,
+            heads=16,
+            unit="vision_tokens",
+            sq_key="vision_sq",
+            out_bytes_per_unit=3584 * 2 / 4,  # 4 patches merged into one bf16 LLM token
+            tp_plan=False,
+        ),
+        "llm": QWEN7B,
+    },
+    "mllm-internvl": {
+        "vision": SectionShape(
+            layers=45,
+            hidden=3200,
+            ffn_hidden=12800,
+            heads=25,
+            unit="tiles",
+            tokens_per_unit=1025,
+            out_bytes_per_unit=256 * 3584 * 2,  # pixel shuffle: 256 LLM tokens per tile
+            tp_plan=False,
+        ),
+        "llm": QWEN7B,
+    },
+}
+#: samples per step of the heavy scenarios, the same for every GPU budget
+HEAVY_BATCH = {"kd-72b": 1024, "mllm-vl": 2048, "mllm-internvl": 2048}
+#: every scenario name (``kd-light`` and ``mllm-light`` are aliases of ``kd`` and ``mllm``)
+NAMES = ("kd", "mllm", "mllm-audio", "kd-light", "mllm-light", *HEAVY_SHAPES)
+ALIASES = {"kd-light": "kd", "mllm-light": "mllm"}
+
+
+def vl_samples(num_samples: int, text_only: float = 0.3, seed: int = 0) -> list[SampleInfo]:
+    """A dynamic-resolution MLLM batch: ``text_only`` of the samples have no image, the others
+    1 image (70%) or 2-4 (30%), each of 4 to 16,384 visual tokens (log-uniform: thumbnails
+    to 2k x 2k images at 14-pixel patches); the LLM reads text plus a quarter of the visual
+    tokens (2x2 merge)."""
+    rng = random.Random(seed)
+    out = []
+    for i, t in enumerate(text_lengths(rng, num_samples, median=384, hi=8192)):
+        if rng.random() < text_only:
+            out.append(SampleInfo(i, frozenset({"llm"}), {"tokens": t}))
+            continue
+        k = 1 if rng.random() < 0.7 else rng.randint(2, 4)
+        imgs = [int(math.exp(rng.uniform(math.log(4), math.log(16384)))) for _ in range(k)]
+        vt = float(sum(imgs))
+        cost = {
+            "tokens": t + sum(math.ceil(v / 4) for v in imgs),
+            "images": k,
+            "vision_tokens": vt,
+            "vision_sq": float(sum(v * v for v in imgs)),
+        }
+        out.append(SampleInfo(i, frozenset({"vision", "llm"}), cost))
+    return out
+
+
+def internvl_samples(num_samples: int, text_only: float = 0.3, seed: int = 0) -> list[SampleInfo]:
+    """An InternVL batch: ``text_only`` of the samples have no image; the others 1 to 12 tiles
+    (uniform, InternVL's dynamic tiling of 448-pixel tiles plus a thumbnail), 256 LLM tokens
+    per tile."""
+    rng = random.Random(seed)
+    out = []
+    for i, t in enumerate(text_lengths(rng, num_samples, median=384, hi=8192)):
+        if rng.random() < text_only:
+            out.append(SampleInfo(i, frozenset({"llm"}), {"tokens": t}))
+            continue
+        tiles = rng.randint(1, 12)
+        out.append(
+            SampleInfo(
+                i,
+                frozenset({"vision", "llm"}),
+                {"tokens": t + 256 * tiles, "images": 1, "tiles": tiles},
+            )
+        )
+    return out
+
+
+def kd_long_samples(num_samples: int, seed: int = 0) -> list[SampleInfo]:
+    """A long-context KD batch: log-normal lengths (median 2,048) clipped to [64, 32,768]."""
+    rng = random.Random(seed)
+    return [
+        SampleInfo(i, frozenset({"teacher", "student"}), {"tokens": t})
+        for i, t in enumerate(text_lengths(rng, num_samples, median=2048, lo=64, hi=32768))
+    ]
 
 
 @dataclass
@@ -185,17 +304,39 @@ def build(
     """Build a named scenario for ``gpus`` GPUs.
 
     Args:
-        name: ``kd``, ``mllm`` or ``mllm-audio``.
+        name: one of ``NAMES``.
         gpus: total GPUs; sections get ``dp`` proportional to their work.
-        num_samples: global batch (default 8 per GPU).
+        num_samples: global batch (default: ``HEAVY_BATCH`` for the heavy scenarios, else 8
+            per GPU).
         gpu: GPU preset name or object.
         seed: seed of the synthetic batch.
         text_only: text-only share of ``mllm`` (``mllm-audio`` uses 0.4).
     """
     g = preset(gpu) if isinstance(gpu, str) else gpu
-    n = num_samples if num_samples is not None else 8 * gpus
+    name = ALIASES.get(name, name)
+    n = num_samples if num_samples is not None else HEAVY_BATCH.get(name, 8 * gpus)
     if n < 1:
         raise ValueError(f"num_samples must be >= 1, got {n}")
+    if name in HEAVY_SHAPES:
+        to = 0.3 if text_only == 0.4 else text_only  # (0.4 is the light cases' default)
+        if name == "kd-72b":
+            samples = kd_long_samples(n, seed)
+            secs = [
+                SectionSpec("teacher", dp=1, micro_batch_size=1, frozen=True, token_budget=32768),
+                SectionSpec(
+                    "student", inputs=("teacher",), dp=1, micro_batch_size=1, token_budget=32768
+                ),
+            ]
+        else:
+            samples = (vl_samples if name == "mllm-vl" else internvl_samples)(n, to, seed)
+            secs = [
+                SectionSpec("vision", dp=1, micro_batch_size=4),
+                SectionSpec(
+                    "llm", inputs=("vision",), dp=1, micro_batch_size=1, token_budget=32768
+                ),
+            ]
+        cm = AnalyticalCostModel(dict(HEAVY_SHAPES[name]), gpu=g)
+        return Scenario(name, samples, proportional_dp(samples, secs, cm, gpus), cm)
     if name == "kd":
         samples = kd_samples(n, seed)
         secs = [
@@ -221,6 +362,6 @@ def build(
             )
         )
     else:
-        raise ValueError(f"unknown scenario {name!r}; choose kd, mllm or mllm-audio")
+        raise ValueError(f"unknown scenario {name!r}; choose one of: {', '.join(NAMES)}")
     cm = AnalyticalCostModel({s.name: SHAPES[s.name] for s in secs}, gpu=g)
     return Scenario(name, samples, proportional_dp(samples, secs, cm, gpus), cm)
