@@ -1,6 +1,12 @@
 """Benchmark: the planner's Maestro layouts against the best monolithic layouts.
 
-Two parts (``--part sim,validate``; both by default):
+Four parts (``--part calibration,heavy,sim,validate``; all by default):
+
+- ``calibration``: ``maestro estimate`` against the published torchtitan and Megatron-LM runs
+  (``maestro.estimate.calibration``; also ``bench/maestro_estimate.py``).
+- ``heavy``: the paper-like scenarios (``kd-72b``, ``mllm-vl``, ``mllm-internvl``; fixed
+  global batch) at ``--heavy-gpus`` (default 256 and 1,024), Maestro against the conventional
+  (a), careful (b') and tuned (b) baselines; ``--colocate`` adds colocated layouts.
 
 - ``sim``: the paper-like scenarios (``examples/paper_kd.toml``: 7B student, 35B frozen
   teacher; ``examples/paper_mllm.toml``: 630M ViT + 300M audio + 7B LLM, 40% text-only) on
@@ -55,6 +61,30 @@ def model_flops_per_sample(wl) -> float:
 def _mfu(wl, gpu_hours_per_million: float) -> float:
     gpu_s_per_sample = gpu_hours_per_million * 3600.0 / 1e6
     return model_flops_per_sample(wl) / (gpu_s_per_sample * wl.cost_model.gpu.flops)
+
+
+def calibration_part() -> None:
+    """The cost model against published GPU runs (``maestro.estimate.calibration``)."""
+    from maestro.estimate import calibration
+
+    print("== cost model vs published runs (fit: the one row the kernel efficiency is fitted on)")
+    print(calibration.format_table(calibration.compare()), flush=True)
+
+
+def heavy_part(gpu_list: list[int], colocate: bool) -> None:
+    """Issue 30's table: the paper-like scenarios (fixed global batch) at each budget, Maestro
+    against the three baselines, with ``--colocate`` when asked."""
+    from maestro.plan import SearchOptions, compare, format_comparison
+    from maestro.plan.workload import ScenarioSpec, scenario_workload
+
+    for name in ("kd-72b", "mllm-vl", "mllm-internvl"):
+        for g in gpu_list:
+            t = time.perf_counter()
+            wl = scenario_workload(ScenarioSpec(name=name, gpus=g))
+            c = compare(wl, g, SearchOptions(colocate=colocate))
+            print(f"\n== {name} at {g} GPUs{' (--colocate)' if colocate else ''}")
+            print(format_comparison(wl.label, g, c))
+            print(f"({time.perf_counter() - t:.0f} s)", flush=True)
 
 
 def sim_part(gpu_list: list[int], plot: str, text_only: list[float]) -> None:
@@ -286,8 +316,10 @@ def validate_part(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--part", default="sim,validate")
+    ap.add_argument("--part", default="calibration,heavy,sim,validate")
     ap.add_argument("--gpus", default="64,256,1024")
+    ap.add_argument("--heavy-gpus", default="256,1024", help="budgets of the heavy scenarios")
+    ap.add_argument("--colocate", action="store_true", help="heavy: also colocated layouts")
     ap.add_argument("--text-only", default="0,0.2,0.4,0.6,0.8")
     ap.add_argument("--plot", default="maestro_plan.png")
     ap.add_argument("--steps", type=int, default=6, help="steps per real run (validate)")
@@ -308,6 +340,10 @@ def main() -> None:
     args = ap.parse_args()
     parts = args.part.split(",")
     t = time.perf_counter()
+    if "calibration" in parts:
+        calibration_part()
+    if "heavy" in parts:
+        heavy_part([int(x) for x in args.heavy_gpus.split(",")], args.colocate)
     if "sim" in parts:
         sim_part(
             [int(x) for x in args.gpus.split(",")],

@@ -7,7 +7,9 @@ the one row ``framework.KERNEL_EFFICIENCY`` was fitted on; all others are tests.
 Sources:
 - torchtitan docs/performance.md (commit eaea6f6), "Grand Teton" H100 96 GB HBM2e at 500 W:
   Table 1 (Llama 3.1 8B, 8 GPUs, FSDP, local batch 2, sequence 8192, selective AC) and
-  Table 3 (the same on 128 GPUs), without and with ``torch.compile``.
+  Table 3 (the same on 128 GPUs), without and with ``torch.compile``; and its older revision
+  (commit 0413364): Llama 3 8B and 70B on 64 A100 80 GB (reported only: that cluster's network
+  is not published).
 - Megatron-LM README, images/model_table.png ("Megatron-Core r0.8.0" weak scaling, H100,
   vocabulary 131,072, sequence 4096, data-parallel 48): per-GPU model TFLOP/s of GPT models
   from 1.7B to 462B. The table gives TP, PP, GPUs and batch, not the micro-batch size or the
@@ -121,6 +123,38 @@ PUBLISHED: list[Run] = [
         tokens_per_s=6514,
         memory_gib=62.0,
         **_TT,
+    ),
+    # torchtitan docs/performance.md, older revision (commit 0413364): Llama 3 on 64 A100
+    # 80 GB, FSDP, local batch 1, sequence 8192; the network is not published: reported only
+    Run(
+        "torchtitan Llama 3 8B, 64 A100, FSDP, op AC",
+        "llama3-8b",
+        64,
+        8192,
+        1,
+        None,
+        1,
+        1,
+        "selective",
+        "a100-80g",
+        "torchtitan",
+        2973,
+        tested=False,
+    ),
+    Run(
+        "torchtitan Llama 3 70B, 64 A100, FSDP, full AC",
+        "llama3-70b",
+        64,
+        8192,
+        1,
+        None,
+        1,
+        1,
+        "full",
+        "a100-80g",
+        "torchtitan",
+        331,
+        tested=False,
     ),
     _megatron("1.7B", 16, 2048, 24, 1, 1, 48, 192, 408.8),
     _megatron("7.1B", 32, 4096, 30, 2, 1, 96, 192, 465.9),
