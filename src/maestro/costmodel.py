@@ -273,6 +273,17 @@ class SectionShape:
         )
 
 
+@functools.lru_cache(maxsize=1 << 18)
+def _kernel_pass(spec, pos, pairs, mean_len, tp, policy, hw, kernels, eff) -> tuple[float, float]:
+    """``maestro.estimate``'s blocks and head for one micro-batch (cached: the schedulers and
+    the simulator price the same micro-batches many times)."""
+    from maestro.estimate.kernels import head_cost, layer_cost
+
+    lc = layer_cost(spec, pos, pairs, mean_len, tp, policy, hw, kernels, eff)
+    hf, hb = head_cost(spec, pos, tp, hw, kernels, eff)
+    return spec.layers * lc.fwd + hf, spec.layers * lc.bwd + hb
+
+
 @dataclass
 class AnalyticalCostModel(CostModel):
     """Sections' transformer shapes priced by ``maestro.estimate``'s kernels on a GPU preset:
@@ -319,21 +330,25 @@ class AnalyticalCostModel(CostModel):
     def pass_times(self, section: str, feats: Features, tp: int = 1) -> tuple[float, float]:
         """``(forward, backward)`` compute seconds of one micro-batch on one GPU of a ``tp``
         group (collectives apart; backward includes recompute)."""
-        from maestro.estimate.kernels import head_cost, layer_cost
-
         if feats.get("samples", 0.0) <= 0:
             return 0.0, 0.0
         shape = self._shape(section)
-        spec, hw, fw = shape.spec, self.hw, self.fw
         pos = shape.computed_positions(feats)
         if pos <= 0:
             return 0.0, 0.0
         pairs, mean_len = shape.attention(feats)
-        eff = fw.kernel_efficiency * self.efficiency
-        policy = "full" if shape.recompute else "none"
-        lc = layer_cost(spec, pos, pairs, mean_len, tp, policy, hw, fw.kernels, eff)
-        hf, hb = head_cost(spec, pos, tp, hw, fw.kernels, eff)
-        return spec.layers * lc.fwd + hf, spec.layers * lc.bwd + hb
+        fw = self.fw
+        return _kernel_pass(
+            shape.spec,
+            pos,
+            pairs,
+            mean_len,
+            tp,
+            "full" if shape.recompute else "none",
+            self.hw,
+            fw.kernels,
+            fw.kernel_efficiency * self.efficiency,
+        )
 
     def forward_time(self, section: str, feats: Features) -> float:
         return self.pass_times(section, feats)[0]
