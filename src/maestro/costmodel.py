@@ -273,10 +273,8 @@ class SectionShape:
         )
 
 
-@functools.lru_cache(maxsize=1 << 18)
 def _kernel_pass(spec, pos, pairs, mean_len, tp, policy, hw, kernels, eff) -> tuple[float, float]:
-    """``maestro.estimate``'s blocks and head for one micro-batch (cached: the schedulers and
-    the simulator price the same micro-batches many times)."""
+    """``maestro.estimate``'s blocks and head for one micro-batch."""
     from maestro.estimate.kernels import head_cost, layer_cost
 
     lc = layer_cost(spec, pos, pairs, mean_len, tp, policy, hw, kernels, eff)
@@ -314,18 +312,25 @@ class AnalyticalCostModel(CostModel):
         except KeyError:
             raise ValueError(f"cost model has no shape for section {section!r}") from None
 
+    def __post_init__(self) -> None:
+        from maestro.estimate.framework import framework
+        from maestro.estimate.hardware import hardware
+
+        # looked up once, and each micro-batch priced once: the planner prices millions
+        # (a (section, tp, positions, pairs) key fixes the rest: shapes are per instance)
+        self._hw = hardware(self.gpu.hardware)
+        self._fw = framework(self.framework)
+        self._cache: dict[tuple, tuple[float, float]] = {}
+
     @property
     def hw(self):
         """The ``maestro.estimate.hardware.Hardware`` of ``gpu``."""
-        from maestro.estimate.hardware import hardware
-
-        return hardware(self.gpu.hardware)
+        return self._hw
 
     @property
     def fw(self):
-        from maestro.estimate.framework import framework
-
-        return framework(self.framework)
+        """The ``maestro.estimate.framework.Framework`` the sections run on."""
+        return self._fw
 
     def pass_times(self, section: str, feats: Features, tp: int = 1) -> tuple[float, float]:
         """``(forward, backward)`` compute seconds of one micro-batch on one GPU of a ``tp``
@@ -337,18 +342,24 @@ class AnalyticalCostModel(CostModel):
         if pos <= 0:
             return 0.0, 0.0
         pairs, mean_len = shape.attention(feats)
-        fw = self.fw
-        return _kernel_pass(
-            shape.spec,
-            pos,
-            pairs,
-            mean_len,
-            tp,
-            "full" if shape.recompute else "none",
-            self.hw,
-            fw.kernels,
-            fw.kernel_efficiency * self.efficiency,
-        )
+        key = (section, tp, pos, pairs)
+        got = self._cache.get(key)
+        if got is None:
+            if len(self._cache) > 1 << 20:  # bounded: about 200 MB at most
+                self._cache.clear()
+            fw = self._fw
+            got = self._cache[key] = _kernel_pass(
+                shape.spec,
+                pos,
+                pairs,
+                mean_len,
+                tp,
+                "full" if shape.recompute else "none",
+                self._hw,
+                fw.kernels,
+                fw.kernel_efficiency * self.efficiency,
+            )
+        return got
 
     def forward_time(self, section: str, feats: Features) -> float:
         return self.pass_times(section, feats)[0]
