@@ -4,12 +4,13 @@ Each section has its own data-parallel degree and micro-batch size; a wavefront 
 reorders samples so sections run concurrently while every sample's dependencies hold.
 
 The public job API (``maestro.Job``, ``maestro.Section``; see ``maestro.job``) is imported on
-first use, so ``import maestro.config`` stays free of torch.
+first use, so ``import maestro.config`` stays free of torch; ``maestro.estimate(...)`` (see
+``maestro.estimate``) prices one training job on one parallel layout.
 """
 
 from maestro._version import __version__
 
-__all__ = ["Job", "Section", "SectionGraph", "__version__"]
+__all__ = ["Job", "Section", "SectionGraph", "__version__", "estimate"]
 
 
 def __getattr__(name: str):
@@ -17,6 +18,10 @@ def __getattr__(name: str):
         from maestro.job import Job
 
         return Job
+    if name == "estimate":  # maestro.estimate(...): one job on one layout, priced
+        import importlib
+
+        return importlib.import_module("maestro.estimate")
     if name in ("Section", "SectionGraph"):
         from maestro import sections
 

@@ -241,6 +241,12 @@ class SectionShape:
         sp = self.spec
         return sp.layers * sp.layer_params + sp.head_params
 
+    @property
+    def state_params(self) -> float:
+        """Parameters held in memory and reduced: ``params`` plus the input embedding (a
+        lookup, no GEMM, so not in ``params``' FLOPs)."""
+        return self.params + self.spec.embedding_params
+
     def positions(self, feats: Features) -> float:
         """Sequence positions in a micro-batch (without padding)."""
         return feats.get(self.unit, 0.0) * self.tokens_per_unit
@@ -371,7 +377,7 @@ class AnalyticalCostModel(CostModel):
         """Parameters, gradients and optimizer state of one unsharded replica: bf16 weights
         (2 bytes per parameter) for a frozen section; fp32 master weights, gradients and
         Adam moments plus the bf16 compute copy (18) for a trainable one."""
-        return (18.0 if trainable else 2.0) * self._shape(section).params
+        return (18.0 if trainable else 2.0) * self._shape(section).state_params
 
     def memory_bytes(self, section: str, feats: Features, trainable: bool) -> float:
         """Peak bytes on one replica running a micro-batch with ``feats`` (for planners).
@@ -415,10 +421,11 @@ class AnalyticalCostModel(CostModel):
 
         shape = self._shape(section)
         hw = self.hw
-        optim = 30.0 * shape.params / (hw.hbm_bw * hw.hbm_eff) / max(dp, 1)
+        optim = 30.0 * shape.state_params / (hw.hbm_bw * hw.hbm_eff) / max(dp, 1)
         if dp <= 1:
             return optim
-        return 2.0 * ring_time(shape.params * self.grad_bytes, dp, hw, same_node) + optim
+        grads = shape.state_params * self.grad_bytes
+        return 2.0 * ring_time(grads, dp, hw, same_node) + optim
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,11 +480,11 @@ def facts_of(cost_model: CostModel, section: str) -> SectionFacts | None:
         return SectionFacts(
             blocks=sh.layers,
             hidden=sh.hidden,
-            param_bytes=2.0 * sh.params,
-            grad_bytes=cost_model.grad_bytes * sh.params,
-            block_fraction=sh.layers * per_block / sh.params if sh.params else 1.0,
+            param_bytes=2.0 * sh.state_params,
+            grad_bytes=cost_model.grad_bytes * sh.state_params,
+            block_fraction=sh.layers * per_block / sh.state_params if sh.params else 1.0,
             act_bytes=2.0,
-            state_bytes=18.0 * sh.params,
+            state_bytes=18.0 * sh.state_params,
             tp_plan=sh.tp_plan,
             heads=sh.spec.heads,
         )

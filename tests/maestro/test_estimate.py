@@ -117,3 +117,39 @@ def test_cli_one_line_errors(capsys, argv, message):
     assert err.count("\n") == 0 and message in err
     if "does not fit" in message:
         assert "GiB over" in err
+
+
+@pytest.mark.parametrize("tp, recompute", [(1, "none"), (2, "none"), (1, "full"), (4, "full")])
+def test_the_planner_prices_a_layout_as_estimate_does(tp, recompute):
+    """One model: a Llama-3-8B section on 8 H100s through the planner's cost model (the
+    analytical model wrapped in the layout's strategy, as plan/ and sim/ use it) gives the
+    step ``maestro estimate`` gives for the same layout."""
+    from maestro.costmodel import AnalyticalCostModel, SectionShape, micro_batch_features, preset
+    from maestro.plan.tpmodel import SectionStrategy, with_layout
+
+    shape = SectionShape(
+        layers=32,
+        hidden=4096,
+        ffn_hidden=14336,
+        vocab=128256,
+        heads=32,
+        kv_heads=8,
+        gated=True,
+    )
+    fsdp = 8 // tp
+    base = AnalyticalCostModel({"m": shape}, gpu=preset("H100"))
+    strategy = SectionStrategy(tp=tp, fsdp=fsdp, recompute=recompute == "full")
+    cm = with_layout(base, strategies={"m": strategy})
+    f = micro_batch_features([{"tokens": 8192}] * 2)
+    planner = (
+        cm.forward_time("m", f) + cm.backward_time("m", f) + cm.allreduce_time("m", fsdp, True)
+    )
+    e = estimate("llama3-8b", gpus=8, seq_len=8192, micro_batch=2, tp=tp, recompute=recompute)
+    assert planner == pytest.approx(e.step_time, rel=0.03)
+
+
+def test_the_package_is_the_function():
+    import maestro
+
+    e = maestro.estimate("qwen2.5-7b", gpus=8, seq_len=4096)
+    assert e.step_time == estimate("qwen2.5-7b", gpus=8, seq_len=4096).step_time

@@ -69,12 +69,12 @@ def test_fsdp_shards_state_and_pays_gathers_on_an_analytical_gpu():
     base = _analytical()
     sh = SHAPES["llm"]
     fa = facts_of(base, "llm")
-    assert fa.blocks == sh.layers and fa.param_bytes == 2.0 * sh.params
+    assert fa.blocks == sh.layers and fa.param_bytes == 2.0 * sh.state_params
     plain = base.memory_bytes("llm", FEATS, True)
     for f in (2, 4, 8):
         m = with_layout(base, strategies={"llm": SectionStrategy(fsdp=f)})
         assert m.lockstep("llm") == f
-        state = 18.0 * sh.params * (1 + base.fw.allocator_headroom)
+        state = 18.0 * sh.state_params * (1 + base.fw.allocator_headroom)
         mem = m.memory_bytes("llm", FEATS, True)
         # state / f, plus one gathered block (weights and gradient) and the gathered root
         assert plain - state + state / f < mem < plain - state + state / f + 0.1 * state

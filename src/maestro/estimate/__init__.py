@@ -8,6 +8,9 @@ and the simulator use (``maestro.costmodel.AnalyticalCostModel`` calls the same 
 - ``step``: the whole step on a ``Layout`` (``estimate``).
 """
 
+import sys
+import types
+
 from maestro.estimate.framework import FRAMEWORKS, Framework, framework
 from maestro.estimate.hardware import HARDWARE, Hardware, hardware
 from maestro.estimate.models import PRESETS, ModelSpec, from_hf_config, gpt, model
@@ -30,3 +33,14 @@ __all__ = [
     "model",
     "resolve_layout",
 ]
+
+
+class _CallableModule(types.ModuleType):
+    """``maestro.estimate(...)`` is ``maestro.estimate.estimate(...)``: the package is also
+    the function, as the CLI command is."""
+
+    def __call__(self, *args, **kwargs) -> Estimate:
+        return estimate(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
