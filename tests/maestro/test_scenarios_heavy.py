@@ -76,3 +76,16 @@ def test_light_aliases_and_unknown_names():
     ]
     with pytest.raises(ValueError, match="kd-72b"):
         build("kd-999b", 16)
+
+
+def test_internvl_baselines_run_a_blank_tile_for_text_only_samples():
+    wl = scenario_workload(ScenarioSpec(name="mllm-internvl", gpus=256))
+    assert wl.baseline_samples is not None and len(wl.baseline_samples) == len(wl.samples)
+    for ours, theirs in zip(wl.samples, wl.baseline_samples):
+        assert "vision" in theirs.sections
+        if "vision" in ours.sections:
+            assert theirs == ours
+        else:  # one blank tile: the encoder runs, the LLM reads its 256 tokens
+            assert theirs.cost["tiles"] == 1
+            assert theirs.cost["tokens"] == ours.cost["tokens"] + 256
+    assert scenario_workload(ScenarioSpec(name="mllm-vl", gpus=64)).baseline_samples is None

@@ -91,6 +91,8 @@ class Workload:
         gpus: the default GPU budget.
         config: the run config, when planning one (the output keeps everything else).
         scenario: the scenario, when planning one.
+        baseline_samples: the batch as the baselines (other systems) run it, when that
+            differs from ``samples`` (``maestro.sim.scenarios.Scenario.baseline_samples``).
     """
 
     label: str
@@ -100,6 +102,7 @@ class Workload:
     gpus: int
     config: object | None = None
     scenario: ScenarioSpec | None = None
+    baseline_samples: list[SampleInfo] | None = None
 
 
 def scenario_workload(spec: ScenarioSpec, gpus: int | None = None) -> Workload:
@@ -127,7 +130,9 @@ def scenario_workload(spec: ScenarioSpec, gpus: int | None = None) -> Workload:
         # the runtime's answer for the modules --out writes wins over the shapes' declaration
         shapes = {n: replace(sh, tp_plan=plans.get(n, sh.tp_plan)) for n, sh in cm.shapes.items()}
         cm = replace(cm, shapes=shapes)
-    return Workload(label, samples, sc.sections, cm, gpus or spec.gpus, None, spec)
+    return Workload(
+        label, samples, sc.sections, cm, gpus or spec.gpus, None, spec, sc.baseline_samples
+    )
 
 
 @functools.cache

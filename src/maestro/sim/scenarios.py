@@ -179,6 +179,19 @@ def internvl_samples(num_samples: int, text_only: float = 0.3, seed: int = 0) ->
     return out
 
 
+def blank_tiles(samples: list[SampleInfo]) -> list[SampleInfo]:
+    """``samples`` as InternVL's fine-tuning script runs them: a text-only sample gets one
+    blank tile (its encoder runs, and 256 more LLM tokens), so every sample runs the ViT."""
+    out = []
+    for s in samples:
+        if "vision" in s.sections:
+            out.append(s)
+            continue
+        cost = {**s.cost, "tokens": s.cost["tokens"] + 256, "images": 1, "tiles": 1}
+        out.append(SampleInfo(s.sample_id, s.sections | {"vision"}, cost))
+    return out
+
+
 def kd_long_samples(num_samples: int, seed: int = 0) -> list[SampleInfo]:
     """A long-context KD batch: log-normal lengths (median 2,048) clipped to [64, 32,768]."""
     rng = random.Random(seed)
@@ -197,12 +210,17 @@ class Scenario:
         samples: the global batch.
         sections: section specs (``dp`` sums to the GPU count).
         cost_model: the analytical cost model.
+        baseline_samples: the same batch as a conventional trainer runs it, when that
+            differs (``mllm-internvl``: InternVL's fine-tuning script feeds a text-only sample
+            one blank 448-pixel tile, so its encoder runs on every sample); ``None``: as
+            ``samples``.
     """
 
     name: str
     samples: list[SampleInfo]
     sections: list[SectionSpec]
     cost_model: CostModel
+    baseline_samples: list[SampleInfo] | None = None
 
 
 def text_lengths(
@@ -336,7 +354,8 @@ def build(
                 ),
             ]
         cm = AnalyticalCostModel(dict(HEAVY_SHAPES[name]), gpu=g)
-        return Scenario(name, samples, proportional_dp(samples, secs, cm, gpus), cm)
+        base = blank_tiles(samples) if name == "mllm-internvl" else None
+        return Scenario(name, samples, proportional_dp(samples, secs, cm, gpus), cm, base)
     if name == "kd":
         samples = kd_samples(n, seed)
         secs = [
