@@ -161,3 +161,29 @@ def _examples():
     from pathlib import Path
 
     return Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_baseline_pipeline_and_context_parallel_pricing():
+    """pp and cp (baselines only): a stage does 1/pp of the work and holds 1/pp of the state;
+    a context-parallel rank computes 1/cp of each sequence; the 1F1B bubble is (pp - 1)
+    stage-micro-batches."""
+    base = _analytical()
+    f = {"samples": 2.0, "tokens": 16384.0, "tokens_sq": 2 * 8192.0**2}
+    plain = with_layout(base, strategies={"llm": SectionStrategy(tp=2)})
+    pp4 = with_layout(base, strategies={"llm": SectionStrategy(tp=2, pp=4)})
+    cp2 = with_layout(base, strategies={"llm": SectionStrategy(tp=2, cp=2)})
+    assert pp4.forward_time("llm", f) == pytest.approx(plain.forward_time("llm", f) / 4)
+    assert pp4.pipeline_bubble("llm", f) == pytest.approx(
+        3 * (pp4.forward_time("llm", f) + pp4.backward_time("llm", f))
+    )
+    assert plain.pipeline_bubble("llm", f) == 0
+    m_plain, m_pp = plain.memory_bytes("llm", f, True), pp4.memory_bytes("llm", f, True)
+    fixed = plain.memory_bytes("llm", {"samples": 1.0}, True)
+    assert m_pp == pytest.approx(fixed / 4 + (m_plain - fixed))
+    # half of every sequence per rank: less than plain, more than half (attention is quadratic
+    # in the length, the rest linear)
+    t_cp, t_plain = cp2.forward_time("llm", f), plain.forward_time("llm", f)
+    assert 0.4 * t_plain < t_cp < 0.6 * t_plain
+    assert cp2.memory_bytes("llm", f, True) < m_plain
+    with pytest.raises(ValueError, match="pp of section"):
+        with_layout(base, strategies={"llm": SectionStrategy(pp=0)})

@@ -60,6 +60,15 @@ class SectionStrategy:
         zero: 1: ZeRO-1 optimizer-state sharding over the ``dp`` replicas (``fsdp = 1``).
         recompute: activation checkpointing per block.
         reshard_after_forward: FSDP gathers the blocks again in the backward.
+        pp: pipeline stages per replica (1F1B), for baselines only: they stand for other
+            systems; ``maestro train`` has no pipeline inside a section, so the planner's own
+            plans keep 1. A stage runs ``1/pp`` of the blocks and holds ``1/pp`` of the state;
+            the bubble, ``(pp - 1)`` stage-micro-batches per step, is the planner's to add
+            (``pipeline_bubble``).
+        cp: context-parallel degree (ring attention), baselines only likewise: each of the
+            ``cp`` ranks computes ``1/cp`` of every sequence and keeps ``1/cp`` of its
+            activations; the K/V ring's traffic is taken as hidden under attention (an
+            optimistic price, in the baselines' favour).
     """
 
     tp: int = 1
@@ -67,11 +76,20 @@ class SectionStrategy:
     zero: int = 0
     recompute: bool = False
     reshard_after_forward: bool = True
+    pp: int = 1
+    cp: int = 1
 
     @property
     def trivial(self) -> bool:
         """Plain replicas: nothing for a layout model to add."""
-        return self.tp == 1 and self.fsdp == 1 and not self.zero and not self.recompute
+        return (
+            self.tp == 1
+            and self.fsdp == 1
+            and not self.zero
+            and not self.recompute
+            and self.pp == 1
+            and self.cp == 1
+        )
 
 
 def _ring(nbytes: float, n: int, bw: float, latency: float) -> float:
@@ -108,9 +126,13 @@ class LayoutCostModel(CostModel):
                 setattr(self, attr, getattr(base, attr))
         self._facts: dict[str, SectionFacts] = {}
         for name, s in self.strategies.items():
-            for f in ("tp", "fsdp"):
+            for f in ("tp", "fsdp", "pp", "cp"):
                 if getattr(s, f) < 1:
                     raise ValueError(f"{f} of section {name!r} must be >= 1, got {getattr(s, f)}")
+            if (s.pp > 1 or s.cp > 1) and not self.analytical:
+                raise ValueError(
+                    f"section {name!r}: pp and cp are priced on analytical models only"
+                )
             if s.zero and s.fsdp > 1:
                 raise ValueError(f"section {name!r}: zero = 1 needs fsdp = 1")
             if s.tp > 1 or s.fsdp > 1 or (s.recompute and not self.analytical):
@@ -205,7 +227,35 @@ class LayoutCostModel(CostModel):
 
     # --- the CostModel interface --------------------------------------------------------------
 
+    def _per_rank(self, section: str, feats: Features) -> Features:
+        """``feats`` as one of ``cp`` context-parallel ranks sees them: ``1/cp`` of every
+        sequence (positions and attention pairs; the sample count stays)."""
+        cp = self.strategy(section).cp
+        if cp == 1:
+            return feats
+        return {k: (v if k == "samples" else v / cp) for k, v in feats.items()}
+
+    def pipeline_bubble(self, section: str, feats: Features) -> float:
+        """Seconds of 1F1B's fill and drain per step for a micro-batch like ``feats``:
+        ``(pp - 1)`` stage-times of its forward and backward (Narayanan et al. 2021)."""
+        pp = self.strategy(section).pp
+        if pp == 1:
+            return 0.0
+        return (pp - 1) * (self.forward_time(section, feats) + self.backward_time(section, feats))
+
     def forward_time(self, section: str, feats: Features) -> float:
+        s = self.strategy(section)
+        if s.pp > 1 or s.cp > 1:
+            return self._forward(section, self._per_rank(section, feats)) / s.pp
+        return self._forward(section, feats)
+
+    def backward_time(self, section: str, feats: Features) -> float:
+        s = self.strategy(section)
+        if s.pp > 1 or s.cp > 1:
+            return self._backward(section, self._per_rank(section, feats)) / s.pp
+        return self._backward(section, feats)
+
+    def _forward(self, section: str, feats: Features) -> float:
         if self.analytical:  # the kernels at the per-GPU widths of the TP group
             f = self.base.pass_times(section, feats, self.strategy(section).tp)[0]
         else:
@@ -215,7 +265,7 @@ class LayoutCostModel(CostModel):
             f += self._fsdp_comm(section, f, backward=False)
         return f
 
-    def backward_time(self, section: str, feats: Features) -> float:
+    def _backward(self, section: str, feats: Features) -> float:
         s = self.strategy(section)
         base_b = 0.0 if self.analytical else self.base.backward_time(section, feats)
         if self.analytical:
@@ -237,8 +287,13 @@ class LayoutCostModel(CostModel):
 
     def allreduce_time(self, section: str, dp: int, same_node: bool) -> float:
         """The step's tail of ``section`` over ``dp`` data-parallel replicas (``dp * fsdp``
-        in the config's terms: the scheduler's replicas)."""
+        in the config's terms: the scheduler's replicas). Pipeline stages reduce their own
+        ``1/pp`` of the gradients; context-parallel ranks join the data-parallel reduction."""
         s = self.strategy(section)
+        if s.pp > 1 or s.cp > 1:
+            plain = replace(s, pp=1, cp=1)
+            inner = LayoutCostModel(self.base, {**self.strategies, section: plain}, self.overlap)
+            return inner.allreduce_time(section, dp * s.cp, same_node) / s.pp
         if s.fsdp == 1 and (not s.zero or self.analytical):
             # (analytical: the optimizer step is already priced sharded over the replicas)
             return self.base.allreduce_time(section, dp, same_node) / s.tp
@@ -264,8 +319,16 @@ class LayoutCostModel(CostModel):
         gradients and optimizer state ``/ (tp * fsdp)`` plus, under FSDP, one gathered block
         (and its unsharded gradient) and the gathered root. ZeRO-1's ``1/dp`` is applied by
         the planner (it depends on ``dp``). A measured model without a memory fit counts the
-        state only (``SectionFacts.state_bytes``)."""
+        state only (``SectionFacts.state_bytes``). Pipeline stages hold ``1/pp`` of the
+        state; 1F1B's first stage keeps ``pp`` micro-batches of ``1/pp`` of the blocks, one
+        micro-batch's worth of activations; a context-parallel rank keeps ``1/cp`` of them."""
         s = self.strategy(section)
+        if s.pp > 1 or s.cp > 1:
+            plain = replace(s, pp=1, cp=1)
+            inner = LayoutCostModel(self.base, {**self.strategies, section: plain}, self.overlap)
+            fixed = inner.memory_bytes(section, {"samples": 1.0}, trainable)
+            acts = inner.memory_bytes(section, self._per_rank(section, feats), trainable) - fixed
+            return fixed / s.pp + max(0.0, acts)
         if self.analytical:
             total = self.base.memory_bytes(section, feats, trainable)
             state = self.base.state_bytes(section, trainable) * (
