@@ -4,6 +4,11 @@ The launcher times a window of steps that starts with a barrier after the first 
 step, so the comparable prediction is the replay of that many consecutive steps from idle
 (``window``: the fill of a frozen section's run-ahead included), next to the steady-state
 ``period`` the planner reports.
+
+``--monolithic`` runs plain data-parallel replicas (``maestro.runtime.monolithic``: no FSDP,
+no padding, one all-reduce per step), whatever ``fsdp`` the config's sections state (the
+emulated job prices each replica's compute with it): so its replay has no lockstep either
+(``_Replicas``), while a per-section run's replay syncs FSDP shard groups as its runtime does.
 """
 
 from __future__ import annotations
@@ -21,6 +26,21 @@ class Prediction:
     window: float
     period: float
     steps: int
+
+
+class _Replicas:
+    """``cost_model`` with independent replicas (``lockstep`` 0 for every section)."""
+
+    def __init__(self, cost_model) -> None:
+        self._base = cost_model
+
+    def lockstep(self, section: str) -> int:
+        return 0
+
+    def __getattr__(self, name: str):
+        if name == "_base":  # not yet set (copy, pickle)
+            raise AttributeError(name)
+        return getattr(self._base, name)
 
 
 def predict(cfg: TrainConfig, *, monolithic: bool, world: int, steps: int) -> Prediction:
@@ -42,6 +62,7 @@ def predict(cfg: TrainConfig, *, monolithic: bool, world: int, steps: int) -> Pr
     cm = job.cost_model
     specs = cfg.section_specs()
     if monolithic:
+        cm = _Replicas(cm)
         specs = [replace(s, dp=world, tp=1) for s in specs]
         if cfg.monolithic_order == "balanced":
             infos = balanced_order(infos, world, cm, [(s.name, s.frozen) for s in specs])

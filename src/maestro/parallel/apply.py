@@ -3,7 +3,19 @@
 The order follows torch's composability rules (torchtitan's too): tensor parallelism turns
 block weights into DTensors on the ``tp`` mesh dimension; activation checkpointing wraps each
 block's forward; ``fully_shard`` then shards every block, and a ``SectionRoot`` holding the
-module, over the ``fsdp`` dimension (HSDP over ``dp x fsdp`` when ``dp > 1``).
+module, over the ``fsdp`` dimension: one FSDP instance per shard group (a mesh row).
+
+HSDP (``dp > 1`` with ``fsdp > 1``): the ``dp`` shard groups hold the same shards and each
+runs only its own reduce-scatters (every micro-batch backward, summed into the sharded
+gradients); the gradient SUM across shard groups is one all-reduce per step over the ``dp``
+dimension (``Strategy.dp_group``, ``maestro.parallel.grads.allreduce_grads``, in the step's
+tail, as the simulator prices it). The sum equals FSDP2's own 2-D HSDP with
+``set_requires_all_reduce(False)`` on every backward but a rank's last; that one is not used
+because shard groups are padded only to their own busiest replica
+(``maestro.runtime.executor``) and so run different numbers of backwards: a shard group with
+no micro-batch in a step would never reach the all-reduce FSDP2 issues inside a last backward
+(a hang), and the groups would wait for each other mid-backward. Here every rank of the
+``dp`` group calls it exactly once per step, after its last backward.
 
 Why a ``SectionRoot``: a job's forward may touch its module in any way (the MLLM's calls
 ``module.tok`` and ``module.forward_embeds``, never ``module(...)``), while FSDP2 gathers the
@@ -107,7 +119,8 @@ def apply_fsdp(
     mp_policy=None,
     frozen: bool = False,
 ) -> None:
-    """``fully_shard`` each block, then ``root``, over ``mesh`` (1-D: FSDP; 2-D: HSDP).
+    """``fully_shard`` each block, then ``root``, over ``mesh`` (the section's ``fsdp``
+    dimension: one shard group).
 
     The root (embeddings, head: everything outside the blocks) stays gathered from its
     forward to its backward when trainable; a frozen section has no backward, so it reshards.
@@ -137,7 +150,8 @@ class Strategy:
         mesh: its DeviceMesh (``None`` without FSDP and TP).
         root: the ``SectionRoot`` FSDP wraps (``None`` without FSDP).
         blocks: the transformer blocks found.
-        pad: every replica runs the same number of micro-batches (FSDP collectives).
+        pad: every replica of a shard group (``layout.shard_group``) runs the same number
+            of micro-batches (FSDP collectives).
     """
 
     layout: SectionLayout
@@ -148,11 +162,12 @@ class Strategy:
 
     @property
     def dp_group(self):
-        """The gradient-sum group over replicas when it is not FSDP's own (``None``: FSDP
-        reduces, or a single replica)."""
-        if self.layout.fsdp > 1 or self.layout.num_replicas == 1:
+        """The once-per-step gradient-sum group across the ``dp`` replica groups (ranks with
+        the same ``fsdp`` and ``tp`` index): HSDP's all-reduce with FSDP, the replicas' sum
+        without; ``None`` when ``dp == 1`` (FSDP's reduce-scatter is the whole sum)."""
+        if self.layout.dp == 1 or self.mesh is None:
             return None
-        return self.mesh["dp"].get_group() if self.mesh is not None else None
+        return self.mesh["dp"].get_group()
 
 
 def parallelize_section(
@@ -192,11 +207,11 @@ def parallelize_section(
         if mixed_precision is not None and not section.frozen:
             mp = MixedPrecisionPolicy(param_dtype=mixed_precision, reduce_dtype=torch.float32)
         root = SectionRoot(module)
-        fmesh = mesh["dp", "fsdp"] if layout.dp > 1 else mesh["fsdp"]
+        # this rank's shard group only: the sum across the dp groups is the step's tail
         apply_fsdp(
             root,
             blocks,
-            fmesh,
+            mesh["fsdp"],
             reshard_after_forward=sc.reshard_after_forward,
             mp_policy=mp,
             frozen=section.frozen,

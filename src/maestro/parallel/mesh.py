@@ -2,7 +2,11 @@
 
 A section's contiguous block of global ranks is arranged as a ``(dp, fsdp, tp)`` grid, TP
 innermost (a TP group's ranks are neighbours, on one node when possible). The data-parallel
-coordinate of a rank, its *replica* in the schedule, is ``dp_index * fsdp + fsdp_index``.
+coordinate of a rank, its *replica* in the schedule, is ``dp_index * fsdp + fsdp_index``, so
+a *shard group* (one FSDP mesh row: the ``fsdp`` replicas of one ``dp_index``) is ``fsdp``
+consecutive replicas, the simulator's ``maestro.schedule.timeline.shard_groups(dp * fsdp,
+fsdp)``. FSDP's collectives run inside a shard group; HSDP's gradient sum across the ``dp``
+shard groups is once per step (``maestro.parallel.apply``).
 
 ``build_meshes`` must run on every rank with the same layouts: ``DeviceMesh`` creates its
 groups with ``new_group``, which every rank of the world calls in the same order, members or
@@ -63,6 +67,17 @@ class SectionLayout:
     def replica_of(self, rank: int) -> int:
         """The data-parallel coordinate (schedule replica) of ``rank``."""
         return self.ranks.index(rank) // self.tp
+
+    def shard_group(self, replica: int) -> list[int]:
+        """The replicas of ``replica``'s FSDP mesh row (its own ``dp`` index): the ``fsdp``
+        consecutive replicas that run FSDP's collectives together (``[replica]`` without
+        FSDP)."""
+        d = replica // self.fsdp
+        return list(range(d * self.fsdp, (d + 1) * self.fsdp))
+
+    def shard_groups(self) -> list[list[int]]:
+        """Every shard group, in order (``timeline.shard_groups(num_replicas, fsdp)``)."""
+        return [self.shard_group(d * self.fsdp) for d in range(self.dp)]
 
     def replica_ranks(self, replica: int) -> list[int]:
         """The TP group that runs ``replica``: every rank gets its inputs."""

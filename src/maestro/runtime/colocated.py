@@ -111,8 +111,9 @@ class GroupContext:
     #: a member shards with FSDP: every member's outputs cross an exchange (so each autograd
     #: pass holds one member's FSDP collectives) and FSDP members run ``targets`` chunks
     fsdp: bool = False
-    #: ``member -> chunks`` every rank of an FSDP member runs in the coming micro-batch
-    #: (its real chunks, then zero-weight ones on ``fallback``; set before each forward)
+    #: ``member -> chunks`` every rank of this replica's lockstep group (``lockstep_groups``)
+    #: runs of an FSDP member in the coming micro-batch (its real chunks, then zero-weight
+    #: ones on ``fallback``; set before each forward)
     targets: dict[str, int] = field(default_factory=dict)
     #: ``member -> a sample of the step that activates it`` (for zero-weight chunks)
     fallback: dict[str, dict] = field(default_factory=dict)
@@ -312,6 +313,49 @@ def staged_backward(
             off += t.numel()
 
 
+def lockstep_groups(config, unit: str) -> list[list[int]]:
+    """The lockstep groups of colocated group ``unit``'s replicas (``T`` ranks each): replicas
+    that must run the same number of group micro-batches, and the same number of chunks of
+    every FSDP member in each, because one FSDP mesh row of a member spans them.
+
+    The planner and simulator sync shard groups of ``k`` consecutive group replicas, ``k`` the
+    members' largest ``fsdp`` (``plan.colocate.GroupedCostModel.lockstep``,
+    ``timeline.shard_groups``); a member's row covers ``fsdp * tp / T`` group replicas. The
+    groups here join both (connected replicas), so they are the simulator's whenever its
+    groups hold whole rows (every FSDP member at ``tp = T`` with nested ``fsdp`` degrees), and
+    never split a row otherwise. ``[[r] for r]`` without an FSDP member."""
+    from maestro.schedule.timeline import shard_groups
+
+    members = config.units()[unit]
+    T = config.group_tp(unit)
+    secs = [config.sections[m] for m in members]
+    reps = secs[0].num_ranks // T
+    parent = list(range(reps))
+
+    def find(r: int) -> int:
+        while parent[r] != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    def join(rs) -> None:
+        rs = sorted(set(rs))
+        for r in rs[1:]:
+            parent[find(r)] = find(rs[0])
+
+    fsdp = [sc for sc in secs if sc.fsdp > 1]
+    for sc in fsdp:
+        row = sc.fsdp * sc.tp  # ranks of one FSDP mesh row (TP innermost)
+        for d in range(sc.dp):
+            join(i // T for i in range(d * row, (d + 1) * row))
+    for grp in shard_groups(reps, max((sc.fsdp for sc in fsdp), default=1)):
+        join(grp)
+    out: dict[int, list[int]] = {}
+    for r in range(reps):
+        out.setdefault(find(r), []).append(r)
+    return sorted(out.values())
+
+
 def chunks(
     idx: Sequence[int], mbs: int, budget: int | None, tokens: Sequence[float]
 ) -> list[list[int]]:
@@ -404,8 +448,9 @@ def _group_section(
                     local[samples[i]["id"]] = o
             done = len(chunks(mine, mbs[m], budgets[m], toks))
             for _ in range(ctx.targets.get(m, 0) - done):
-                # FSDP lockstep: as many forwards (and backwards) as the busiest rank, on a
-                # sample of the step with its producers absent, contributing nothing
+                # FSDP lockstep: as many forwards (and backwards) as the busiest rank of the
+                # lockstep group (``lockstep_groups``), on a sample of the step with its
+                # producers absent, contributing nothing
                 dummy = ctx.fallback[m]
                 with torch.no_grad() if sec.frozen else nullcontext():
                     (o,) = sec.run([dummy], {p: [None] for p in sec.inputs})
@@ -536,6 +581,7 @@ __all__ = [
     "ColocatedOptimizer",
     "GroupContext",
     "chunks",
+    "lockstep_groups",
     "split_even",
     "staged_backward",
     "unit_graph",

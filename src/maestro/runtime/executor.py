@@ -18,8 +18,12 @@ Parallel strategies (``maestro.parallel``): a section's ranks form a ``dp x fsdp
 The schedule's replicas are its ``dp * fsdp`` data-parallel coordinates; every rank of a
 replica's TP group gets the replica's inputs (the producer replica's TP leader sends to each)
 and only the TP leader sends outputs and input gradients on. FSDP collectives need every rank
-of the group to run the same forwards and backwards, so replicas with fewer micro-batches
-than the busiest one run zero-contribution padding micro-batches (``_pad_micro_batch``).
+of a shard group (one FSDP mesh row: ``fsdp`` consecutive replicas, ``SectionLayout.
+shard_group``, the simulator's ``timeline.shard_groups``) to run the same forwards and
+backwards, so a replica with fewer micro-batches than the busiest of *its own shard group*
+runs zero-contribution padding micro-batches (``_pad_micro_batch``); shard groups do not wait
+for each other, and HSDP sums gradients across them once per step, in the step's tail
+(``maestro.parallel.apply``). ``lock_replicas`` is the group a replica pads with.
 
 Colocated groups (``[sections.NAME] group``, ``maestro.runtime.colocated``): the executor
 runs the *unit graph*, in which a group is one virtual section on the group's ranks; its
@@ -293,6 +297,10 @@ class MaestroWorker:
         #: forward-only micro-batches whose outputs may be in flight (sent, not yet received)
         self.max_in_flight = sc.max_in_flight if self.section.frozen else None
         self.transport = Transport(device)
+        #: the replicas of this unit that run FSDP's collectives with this one (its shard
+        #: group; a colocated group's ``colocated.lockstep_groups``), all padded to the
+        #: busiest one's micro-batch count; ``[replica]`` when nothing syncs
+        self.lock_replicas = self._lock_replicas()
         tp_index = lay.coordinate(rank)[2]
         self.label = f"{self.name}[{self.replica}]" + (f"tp{tp_index}" if lay.tp > 1 else "")
         #: ``"stop"`` (raise ``NonFiniteError``) or ``"skip"`` (no update on any rank)
@@ -364,6 +372,18 @@ class MaestroWorker:
             fsdp=any(config.sections[m].fsdp > 1 for m in self.members),
         )
 
+    def _lock_replicas(self) -> list[int]:
+        """``lock_replicas`` (see ``__init__``)."""
+        ctx = getattr(self.section, "colocated", None)
+        if ctx is not None and ctx.fsdp:
+            from maestro.runtime.colocated import lockstep_groups
+
+            groups = lockstep_groups(self.config, self.name)
+            return next(g for g in groups if self.replica in g)
+        if self.strategy is not None and self.strategy.pad:
+            return self.layouts[self.name].shard_group(self.replica)
+        return [self.replica]
+
     @property
     def staged(self) -> bool:
         """Whether this unit is a colocated group whose replica spans several ranks or
@@ -374,8 +394,9 @@ class MaestroWorker:
 
     def _lockstep(self, batch, active, schedule: Schedule | None, k: int) -> None:
         """Before micro-batch ``k`` of a colocated group with FSDP members: how many chunks
-        each FSDP member runs on every rank (the most any rank of the group has, counted
-        from the schedule every rank holds), so FSDP's collectives stay in step."""
+        each FSDP member runs on every rank (the most any rank of this replica's lockstep
+        group has, counted from the schedule every rank holds), so FSDP's collectives stay in
+        step."""
         ctx = getattr(self.section, "colocated", None)
         if ctx is None or not ctx.fsdp:
             return
@@ -388,7 +409,7 @@ class MaestroWorker:
                 m: next((smp for smp in batch if secs[m].activated(smp)), None) for m in fs
             }
         pad = next(smp for smp in batch if self.name in active[smp["id"]])
-        reps = schedule.order[self.name]
+        reps = [schedule.order[self.name][r] for r in self.lock_replicas]
         ctx.targets = {}
         for m in fs:
             msc = self.config.sections[m]
@@ -476,9 +497,10 @@ class MaestroWorker:
         """A forward (and, trainable, a zero backward) that changes no gradient.
 
         Keeps FSDP's collectives in step when this replica has fewer micro-batches than
-        another: the first sample of the batch that activates the section, its producers'
-        inputs absent (``None``, as for a sample a producer skips); a sink's loss is
-        multiplied by 0, a producer's backward gets zero gradients.
+        another of its shard group (``lock_replicas``): the first sample of the batch that
+        activates the section, its producers' inputs absent (``None``, as for a sample a
+        producer skips); a sink's loss is multiplied by 0, a producer's backward gets zero
+        gradients.
         """
         sample = next(s for s in batch if self.name in active[s["id"]])
         ins = {p: [None] for p in self.section.inputs}
@@ -541,7 +563,9 @@ class MaestroWorker:
         self._step_schedule = schedule
         if ctx is not None:
             ctx.fallback = {}
-        num_pad = max(len(r) for r in schedule.order[self.name]) - len(mine) if pad else 0
+        # FSDP: as many micro-batches as the busiest replica of this one's shard group
+        reps = schedule.order[self.name]
+        num_pad = max(len(reps[r]) for r in self.lock_replicas) - len(mine) if pad else 0
         for k, mb in enumerate(mine):
             ids = mb.sample_ids
             ins: dict[str, list[Outputs | None]] = {}
@@ -639,7 +663,7 @@ class MaestroWorker:
             elif self.group is not None:
                 with tr.span("all-reduce grads", "comm"):
                     flat_allreduce_grads(self.params, self.group)
-            elif self.dp_group is not None:
+            elif self.dp_group is not None:  # TP replicas; HSDP across shard groups
                 with tr.span("all-reduce grads", "comm"):
                     pgrads.allreduce_grads(self.params, self.dp_group)
             with tr.span("optimizer", "optimizer"):
