@@ -119,11 +119,12 @@ def scenario_workload(spec: ScenarioSpec, gpus: int | None = None) -> Workload:
     if spec.name == "mllm-audio" and spec.text_only != 0.4:
         audio = _AUDIO_AT_40 * (1 - spec.text_only) / 0.6
         samples = mllm_samples(n, spec.text_only, audio, spec.seed)
-    label = (
-        f"{spec.name} ({spec.gpu}, {spec.text_only:.0%} text-only)"
-        if "mllm" in spec.name
-        else f"{spec.name} ({spec.gpu})"
-    )
+    if "vision" in {s.name for s in sc.sections}:
+        # the configured share (the heavy scenarios default to 30%: maestro.sim.scenarios)
+        share = 0.3 if spec.name in HEAVY_BATCH and spec.text_only == 0.4 else spec.text_only
+        label = f"{spec.name} ({spec.gpu}, {share:.0%} text-only)"
+    else:
+        label = f"{spec.name} ({spec.gpu})"
     cm = sc.cost_model
     plans = scenario_tp_plans(spec.name)
     if plans is not None:
