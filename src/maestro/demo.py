@@ -92,9 +92,11 @@ def _plan() -> None:
     print("maestro plan mllm --gpus 256 (paper-like MLLM on the analytical H100 model):")
     cli_main(["plan", "mllm", "--gpus", "256", "--simulate-top", "1"])
     print(
-        "   (the planner searches only what `maestro train` runs, and the baseline gets FSDP "
-        "and TP too: where the saving is 0%, Maestro's best plan is the monolithic layout; "
-        "colocated sections, `maestro plan --colocate`, are not runnable yet)"
+        "   (the planner searches only what `maestro train` runs; the three baselines get the "
+        "same whole-model search, FSDP and TP included, and differ in their sampler only: data "
+        "order (a), token-count balance (b'), Maestro's own cost-aware balancer (b), so the "
+        "saving against (b) leaves out what balancing buys; where it is 0%, Maestro's best "
+        "plan is the monolithic layout. Colocated sections: `maestro plan --colocate`)"
     )
 
 

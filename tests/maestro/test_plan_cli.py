@@ -52,7 +52,13 @@ def test_plan_a_scenario_prints_both_plans_and_writes_a_run_config(tmp_path, cap
     rc = main(args + (["--scale-down", str(scale)] if scale else []))
     text = capsys.readouterr().out
     assert rc == 0
-    assert "maestro " in text and "monolithic " in text and "GPU-h/M samples" in text
+    assert "maestro " in text and "GPU-h/M samples" in text
+    for label in (
+        "conventional (a)",
+        "careful (b')",
+        "tuned (b, contains Maestro's cost-aware balancer)",
+    ):
+        assert f"\n{label}  " in text and f"\n{label}: monolithic " in text  # row, layout
     assert "GPUs Maestro needs to match" in text or "GPU-hours saved" in text
     mono, secs = read_plan(out.read_text())
     assert set(secs) == {"teacher", "student"}
@@ -119,6 +125,11 @@ def test_target_throughput_and_breakdown(capsys):
     assert rc == 0
     assert "target 1 samples/s:" in text and "GPUs" in text
     assert "breakdown:" in text and "skipped modality work" in text
+    # what each mechanism buys is measured against the careful baseline (b'), too
+    head = next(x for x in text.splitlines() if x.startswith("breakdown:"))
+    assert "careful baseline (b')" in head
+    row = next(x for x in text.splitlines() if "skipped modality work" in x)
+    assert "saved vs (b') with it off:" in row and row.endswith("%")
 
 
 @pytest.mark.parametrize(
@@ -154,24 +165,41 @@ def test_bad_scenario_file_names_the_field(tmp_path, capsys):
     assert "invalid TOML" in capsys.readouterr().err
 
 
-def test_scenario_report_prints_both_baselines_side_by_side(kd16):
-    """Tuned (length-balanced monolithic) and conventional (one configuration, data order)
-    baselines, each with its own saving; the savings are those of the printed plans."""
+def test_scenario_report_prints_three_baselines_side_by_side(kd16):
+    """Conventional (a, data order), careful (b', token-balanced) and tuned (b, Maestro's
+    cost-aware balancer) baselines, each with its own saving; the savings are those of the
+    printed plans."""
     from maestro.plan import SearchOptions, compare, format_comparison
 
     c = compare(kd16, 16, SearchOptions(simulate_top=1), match=False)
     assert c.conventional is not None and c.conventional.monolithic
+    assert c.careful is not None and c.careful.monolithic
     text = format_comparison("kd", 16, c)
-    rows = {line.split()[0]: line.split() for line in text.splitlines() if line.strip()}
-    assert float(rows["conventional"][4]) == pytest.approx(
-        c.conventional.gpu_hours_per_million, abs=0.01
-    )
-    want = 1 - c.maestro.gpu_hours_per_million / c.conventional.gpu_hours_per_million
-    assert c.saving_conventional == pytest.approx(want)
-    assert f"{100 * c.saving_conventional:.1f}% vs the conventional one" in text
-    # a run config's tuned search is data order already: one baseline, no second row
+    for label, plan, saving in (
+        ("conventional (a)", c.conventional, c.saving_conventional),
+        ("careful (b')", c.careful, c.saving_careful),
+        ("tuned (b, contains Maestro's cost-aware balancer)", c.monolithic, c.saving),
+    ):
+        row = next(x for x in text.splitlines() if x.startswith(label + "  "))
+        cols = row.removeprefix(label).split()
+        assert float(cols[3]) == pytest.approx(plan.gpu_hours_per_million, abs=0.01)
+        want = 1 - c.maestro.gpu_hours_per_million / plan.gpu_hours_per_million
+        assert saving == pytest.approx(want)
+        assert cols[5] == f"{100 * saving:.1f}%"
+        assert f"{100 * saving:.1f}% vs {label}" in text
+    # a run config's own monolithic candidates are data order (as the runtime runs them);
+    # the three baselines keep their own samplers
     run = compare(kd16, 16, SearchOptions(simulate_top=1, balance_monolithic=False), match=False)
-    assert run.conventional is None and "conventional" not in format_comparison("kd", 16, run)
+    assert (run.conventional.order, run.careful.order, run.monolithic.order) == (
+        "data",
+        "tokens",
+        "cost",
+    )
+    if run.maestro.monolithic:
+        assert run.maestro.order == "data"
+    assert run.conventional.gpu_hours_per_million == pytest.approx(
+        c.conventional.gpu_hours_per_million
+    )
 
 
 def test_plot_sweeps_the_budget_for_all_three_plans(tmp_path, capsys):
@@ -182,6 +210,7 @@ def test_plot_sweeps_the_budget_for_all_three_plans(tmp_path, capsys):
     rows = [ln.split() for ln in out.splitlines() if ln.strip().startswith(("4 ", "8 "))]
     assert [r[0] for r in rows] == ["4", "8"]
     for r in rows:  # maestro never worse than the tuned baseline, tuned never worse than (a)
-        maestro, tuned, conv = map(float, r[1:4])
+        maestro, conv, careful, tuned = map(float, r[1:5])
         assert maestro <= tuned + 1e-6 and tuned <= conv + 1e-6
+        assert careful > 0 and r[6] == f"{1 - maestro / careful:+.1%}"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

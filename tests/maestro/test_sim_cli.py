@@ -16,10 +16,18 @@ def test_simulate_scenario_prints_all_schedulers_and_writes_gantts(tmp_path, cap
     rc = main(["simulate", "mllm", "--gpus", "16", "--samples", "64", "--gantt", str(out)])
     text = capsys.readouterr().out
     assert rc == 0
-    for name in ("fifo", "wavefront", "monolithic"):
-        assert f"== {name}" in text
+    for name in ("fifo", "wavefront", "monolithic", "monolithic-tokens", "monolithic-balanced"):
+        assert f"== {name} " in text
         assert (tmp_path / f"g_{name}.png").stat().st_size > 1000
     assert "wavefront vs fifo:" in text and "util %" in text
+    # the three baselines of maestro plan, each named with its sampler
+    for name, label in (
+        ("monolithic", "conventional (a): data order"),
+        ("monolithic-tokens", "careful (b'): token-count-balanced sampler"),
+        ("monolithic-balanced", "tuned (b, contains Maestro's cost-aware balancer)"),
+    ):
+        assert f"== {name} ({label}; schedule" in text
+        assert f"wavefront vs {name} ({label}): " in text
 
 
 def test_simulate_errors_are_one_line(capsys):

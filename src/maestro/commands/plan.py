@@ -9,13 +9,17 @@ from pathlib import Path
 def register(sub) -> None:
     p = sub.add_parser(
         "plan",
-        help="search per-section dp/tp/micro-batch layouts; GPU-hours against monolithic",
+        help="search per-section dp/tp/micro-batch layouts; GPU-hours against three "
+        "monolithic baselines",
         description=(
             "CONFIG is a paper-like scenario (kd, mllm, mllm-audio), a scenario file "
             "(examples/paper_*.toml) on analytical GPU presets, or a run config TOML timed "
-            "on this machine. Prints the Maestro and the best monolithic plan (same search "
-            "effort), their predicted step time, throughput and GPU-hours per million "
-            "samples, and the GPUs Maestro needs to match the monolithic throughput."
+            "on this machine. Prints the Maestro plan and three baselines, each the best "
+            "monolithic plan under the same search: conventional (a, data order), careful "
+            "(b', a token-count-balanced sampler) and tuned (b, contains Maestro's "
+            "cost-aware balancer); their predicted step time, throughput, GPU-hours per "
+            "million samples and Maestro's saving against each, and the GPUs Maestro needs "
+            "to match the tuned baseline's throughput."
         ),
     )
     p.add_argument("config", metavar="CONFIG", help="kd | mllm | mllm-audio | path/to/file.toml")
@@ -34,7 +38,8 @@ def register(sub) -> None:
     p.add_argument(
         "--monolithic",
         action="store_true",
-        help="write the monolithic plan to --out instead of the per-section one",
+        help="write the tuned baseline's monolithic plan (b; its monolithic_order is "
+        "balanced) to --out instead of the per-section one",
     )
     p.add_argument(
         "--out",
@@ -73,7 +78,7 @@ def register(sub) -> None:
         default=None,
         metavar="OUT.png",
         help="scenarios: plan every budget of --plot-gpus and draw GPU-hours per million "
-        "samples for Maestro, the tuned (b) and the conventional (a) baseline",
+        "samples for Maestro and the conventional (a), careful (b') and tuned (b) baselines",
     )
     p.add_argument(
         "--plot-gpus",
@@ -83,7 +88,8 @@ def register(sub) -> None:
     p.add_argument(
         "--breakdown",
         action="store_true",
-        help="re-plan with each per-section freedom off; print what each is worth",
+        help="re-plan with each per-section freedom off; print what each is worth and "
+        "Maestro's saving against the careful baseline (b') with it off",
     )
     p.set_defaults(func=run)
 
@@ -98,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         load_workload,
         plan_toml,
     )
-    from maestro.plan.report import layout_label
+    from maestro.plan.report import format_breakdown, layout_label
 
     if args.simulate_top < 1:
         raise ValueError(f"--simulate-top must be >= 1, got {args.simulate_top}")
@@ -114,13 +120,14 @@ def run(args: argparse.Namespace) -> int:
     # a run config's plan must be runnable (disjoint sections or the whole model per rank) and
     # is for a fixed number of processes: the fastest step; scenarios: fewest GPU-hours
     run = wl.config is not None
-    # (maestro.runtime's monolithic layout shards the batch in data order, so a run config's
-    # monolithic candidates are scored that way too)
+    # (maestro.runtime's monolithic layout shards the batch in data order by default, so a
+    # run config's own monolithic candidates are scored that way too; the three baselines
+    # get their own samplers either way)
     opts = SearchOptions(
         simulate_top=args.simulate_top,
         colocate=args.colocate,
         objective="step_time" if run else "gpu_hours",
-        balance_monolithic=not run,
+        monolithic_order="data" if run else "cost",
     )
     c = compare(wl, wl.gpus, opts)
     print(format_comparison(wl.label, wl.gpus, c))
@@ -138,11 +145,7 @@ def run(args: argparse.Namespace) -> int:
                 f"({got.samples_per_s:.1f} samples/s; {got.describe()})"
             )
     if args.breakdown:
-        b = breakdown(wl, wl.gpus, opts)
-        full = b.pop("full")
-        print(f"\nbreakdown: GPU-h/M samples added when one freedom is off (full plan {full:.2f})")
-        for label, extra in b.items():
-            print(f"  {label:<54}{extra:>+9.2f}")
+        print(format_breakdown(breakdown(wl, wl.gpus, opts), c.careful))
     if args.plot is not None:
         from maestro.plan.plot import budget_sweep, format_sweep, plot_sweep
 
@@ -162,9 +165,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"plot: {args.plot}")
     if args.out is not None:
         plan = c.monolithic if args.monolithic else c.maestro
-        if wl.config is not None and args.profile is not None and not plan.monolithic:
-            # the run's wavefront scheduler then estimates costs with the profile the plan
-            # was scored on (without one it estimates them from FLOPs)
+        if wl.config is not None and args.profile is not None and plan.order != "data":
+            # the run's wavefront scheduler (or the monolithic cost-aware balancer) then
+            # estimates costs with the profile the plan was scored on (without one it
+            # estimates them from FLOPs)
             wl.config.cost_profile = str(Path(args.profile).resolve())
         if wl.config is None:
             scale = f"scaled down {args.scale_down}x" if args.scale_down else "full scale"

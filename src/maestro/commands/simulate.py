@@ -6,6 +6,16 @@ import argparse
 from pathlib import Path
 
 SCENARIOS = ("kd", "mllm", "mllm-audio")
+#: the monolithic baselines ``--scheduler`` knows: name -> (sampler order, label); the same
+#: three samplers ``maestro plan`` compares (``maestro.plan.report.BASELINES``)
+MONOLITHIC = {
+    "monolithic": ("data", "conventional (a): data order"),
+    "monolithic-tokens": ("tokens", "careful (b'): token-count-balanced sampler"),
+    "monolithic-balanced": (
+        "cost",
+        "tuned (b, contains Maestro's cost-aware balancer)",
+    ),
+}
 
 
 def register(sub) -> None:
@@ -28,7 +38,9 @@ def register(sub) -> None:
     p.add_argument(
         "--scheduler",
         default="all",
-        help="fifo | wavefront | monolithic | all (default: all, with ratios)",
+        help="fifo | wavefront | monolithic (conventional baseline a: data order) | "
+        "monolithic-tokens (careful b': token-count-balanced sampler) | monolithic-balanced "
+        "(tuned b: Maestro's cost-aware balancer) | all (default: all, with ratios)",
     )
     p.add_argument("--gpu", default="H100", help="GPU preset for scenarios: H100 or H200")
     p.add_argument(
@@ -114,12 +126,17 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from maestro.schedule import SCHEDULERS, get_scheduler, monolithic_schedule
+    from maestro.schedule.monolithic import sampler_order
     from maestro.sim import simulate
     from maestro.sim.gantt import gantt
 
-    names = ["fifo", "wavefront", "monolithic"] if args.scheduler == "all" else [args.scheduler]
+    if args.scheduler == "all":
+        names = ["fifo", "wavefront", *MONOLITHIC]
+    else:
+        names = [args.scheduler]
     for n in names:
-        get_scheduler(n)  # ValueError lists the known names
+        if n not in MONOLITHIC:
+            get_scheduler(n)  # ValueError lists the known names
     label, samples, sections, cm, mono_mbs = load_workload(args)
     world = sum(s.dp * getattr(s, "tp", 1) for s in sections)  # ranks: replicas x tp
     print(
@@ -129,8 +146,14 @@ def run(args: argparse.Namespace) -> int:
     results = {}
     for n in names:
         t = time.perf_counter()
-        if n == "monolithic":
-            sched = monolithic_schedule(samples, sections, cm, micro_batch_size=mono_mbs)
+        if n in MONOLITHIC:
+            # the baseline's sampler orders the batch; the shards are then contiguous
+            units = [(s.name, s.frozen) for s in sections]
+            mono_world = sum(s.dp * s.tp for s in sections)
+            order = sampler_order(MONOLITHIC[n][0], samples, mono_world, cm, units)
+            sched = monolithic_schedule(
+                order, sections, cm, world_size=mono_world, micro_batch_size=mono_mbs
+            )
         else:
             sched = SCHEDULERS[n](samples, sections, cm)
         t_sched = time.perf_counter() - t
@@ -138,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
         res = simulate(sched, samples, sections, cm, trace=not args.no_gantt)
         t_sim = time.perf_counter() - t
         results[n] = res
-        print(f"\n== {n} (schedule {t_sched:.2f} s, simulation {t_sim:.2f} s)")
+        what = f"{MONOLITHIC[n][1]}; " if n in MONOLITHIC else ""
+        print(f"\n== {n} ({what}schedule {t_sched:.2f} s, simulation {t_sim:.2f} s)")
         print(res.table())
         if not args.no_gantt:
             out = Path(args.gantt)
@@ -151,5 +175,6 @@ def run(args: argparse.Namespace) -> int:
         base = results.get("wavefront")
         for n, r in results.items():
             if base is not None and n != "wavefront":
-                print(f"wavefront vs {n}: {r.step_time / base.step_time:.2f}x samples/s")
+                what = f" ({MONOLITHIC[n][1]})" if n in MONOLITHIC else ""
+                print(f"wavefront vs {n}{what}: {r.step_time / base.step_time:.2f}x samples/s")
     return 0

@@ -40,7 +40,9 @@ def plan_monolithic(
     when ``options.zero1``) and one micro-batch's activations. Candidates are ranked by the
     analytical estimate (whole-model work / dp plus every trainable section's all-reduce)
     and the best ``simulate_top`` are replayed with the colocated schedule, as in
-    ``plan_maestro``.
+    ``plan_maestro``, its shards in the order of ``options.monolithic_order``'s sampler
+    (data order, token-count balance or Maestro's cost-aware balance; the plan's ``order``):
+    the three baselines of ``maestro.plan.report.compare`` differ only there.
     """
     opts = options or SearchOptions()
     p = _Problem(samples, sections, cost_model, gpus, opts)
@@ -129,6 +131,7 @@ def plan_monolithic(
                 estimate=est,
                 busy_bound=bound,
                 first_step=first,
+                order=opts.monolithic_order,
             )
     best.candidates = len(cands)
     best.simulated = len(picked)

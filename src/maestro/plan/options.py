@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 from maestro.schedule.types import SampleInfo
 
@@ -13,6 +13,10 @@ MBS_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 TP_CHOICES = (1, 2, 4, 8)
 #: FSDP shard degrees the search tries (a replica group of ``fsdp * tp`` ranks).
 FSDP_CHOICES = (1, 2, 4, 8)
+#: The monolithic baseline's samplers (``SearchOptions.monolithic_order``;
+#: ``maestro.schedule.monolithic.sampler_order``): data order (a ``DistributedSampler``), a
+#: token-count-balanced sampler (``tokens``) and Maestro's cost-aware balancer (``cost``).
+MONOLITHIC_ORDERS = ("data", "tokens", "cost")
 
 
 @dataclass(frozen=True)
@@ -62,9 +66,16 @@ class SearchOptions:
         keep_per_section: options per section kept after the analytical ranking.
         simulate_top: combinations (or monolithic layouts) replayed in the simulator.
         ablation: freedoms switched off (see ``Ablation``).
-        balance_monolithic: give the monolithic baseline a length-balanced sampler (equal
-            estimated work per rank) instead of data-order shards, so it is not weakened by
-            imbalance a real trainer would avoid.
+        monolithic_order: the sampler of monolithic layouts (``plan_monolithic``, and
+            Maestro's own monolithic candidates): ``"data"``, contiguous data-order shards
+            (a ``DistributedSampler``: the conventional baseline, a); ``"tokens"``, equal
+            token counts per rank and length-sorted micro-batches (``token_balanced_order``,
+            as trainers ship: the careful baseline, b'; it never looks at the cost model);
+            ``"cost"`` (default; ``"balanced"`` is an alias), equal cost-model work per rank
+            (``balanced_order``, Maestro's own cost-aware balancer: the tuned baseline, b).
+            ``compare`` plans all three baselines whatever this says.
+        balance_monolithic: deprecated alias (init only): ``True`` sets
+            ``monolithic_order = "cost"``, ``False`` sets ``"data"``.
         colocate: also search layouts where groups of sections share devices
             (``maestro.plan.colocate``: all sections colocated with per-section micro-batches,
             or e.g. the encoders with the LLM). Off by default. ``"only"``: colocated
@@ -102,13 +113,26 @@ class SearchOptions:
     keep_per_section: int = 3
     simulate_top: int = 3
     ablation: Ablation = field(default_factory=Ablation)
-    balance_monolithic: bool = True
+    monolithic_order: str = "cost"
+    balance_monolithic: InitVar[bool | None] = None
     colocate: bool | str = False
     include_monolithic: bool = True
     steps: int = 4
     batches: Sequence[Sequence[SampleInfo]] = ()
     zero1: bool = True
     objective: str = "gpu_hours"
+
+    def __post_init__(self, balance_monolithic: bool | None) -> None:
+        # the alias wins when given (old callers pass only it); ``replace`` passes None
+        if balance_monolithic is not None:
+            self.monolithic_order = "cost" if balance_monolithic else "data"
+        if self.monolithic_order == "balanced":  # maestro.config's name for it
+            self.monolithic_order = "cost"
+        if self.monolithic_order not in MONOLITHIC_ORDERS:
+            raise ValueError(
+                f"monolithic_order must be one of {', '.join(MONOLITHIC_ORDERS)}, "
+                f"got {self.monolithic_order!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -170,6 +194,8 @@ class Plan:
             all pipeline fill and drain overlapped with the neighbouring steps (a lower bound).
         first_step: the first step from an idle start (``maestro.sim.simulate``'s figure);
             ``step_time`` is the steady-state period of consecutive steps.
+        order: a monolithic plan's sampler (``MONOLITHIC_ORDERS``) it was scored with;
+            ``""`` for a per-section plan.
     """
 
     sections: dict[str, SectionPlan]
@@ -182,6 +208,7 @@ class Plan:
     simulated: int = 0
     busy_bound: float = 0.0
     first_step: float = 0.0
+    order: str = ""
 
     @property
     def samples_per_s(self) -> float:
@@ -217,6 +244,7 @@ class Plan:
 __all__ = [
     "FSDP_CHOICES",
     "MBS_CHOICES",
+    "MONOLITHIC_ORDERS",
     "TP_CHOICES",
     "Ablation",
     "Plan",

@@ -509,8 +509,9 @@ def _simulate(
 ):
     """``(steady-state step, busiest GPU's work, first step)`` of a layout.
 
-    ``monolithic``: every spec on every rank, length-balanced shards (``units``: the
-    ``(name, frozen)`` the balance costs, default the real sections). ``groups``: the
+    ``monolithic``: every spec on every rank, shards in the order of
+    ``p.opts.monolithic_order``'s sampler (``_balanced_order``; ``units``: the
+    ``(name, frozen)`` the cost balance prices, default the real sections). ``groups``: the
     colocated groups the specs merge (their samples are merged the same way)."""
     from maestro.plan.steady import steady_state
     from maestro.schedule import fifo_schedule, monolithic_schedule, wavefront_schedule
@@ -518,8 +519,7 @@ def _simulate(
     def schedule(samples):
         if monolithic:
             world = specs[0].dp
-            if p.opts.balance_monolithic:
-                samples = _balanced_order(p, samples, world, cm, units)
+            samples = _balanced_order(p, samples, world, cm, units)
             return samples, monolithic_schedule(
                 samples, specs, cm, world_size=world, micro_batch_size=mbs
             )
@@ -543,14 +543,17 @@ def _simulate(
 
 
 def _balanced_order(
-    p: _Problem, samples, world: int, cm: CostModel, units=None
+    p: _Problem, samples, world: int, cm: CostModel, units=None, order: str | None = None
 ) -> list[SampleInfo]:
-    """``schedule.monolithic.balanced_order`` over the problem's sections (or ``units``)."""
-    from maestro.schedule.monolithic import balanced_order
+    """``samples`` in the monolithic sampler's order for ``world`` shards
+    (``schedule.monolithic.sampler_order``): ``order``, default ``p.opts.monolithic_order``;
+    ``cost`` balances ``balanced_order``'s work over the problem's sections (or ``units``),
+    ``tokens`` and ``data`` do not consult ``cm``."""
+    from maestro.schedule.monolithic import sampler_order
 
     if units is None:
         units = [(n, p.sections[n].frozen) for n in p.order]
-    return balanced_order(samples, world, cm, units)
+    return sampler_order(order or p.opts.monolithic_order, samples, world, cm, units)
 
 
 def _better(gpus: int, step: float, best: Plan, objective: str) -> bool:

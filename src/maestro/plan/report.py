@@ -1,9 +1,11 @@
-"""Planner reports: Maestro against the monolithic plan, the saving's breakdown, plan TOMLs.
+"""Planner reports: Maestro against three monolithic baselines, the saving's breakdown, TOMLs.
 
-``compare`` plans both layouts for one budget and finds the GPUs Maestro needs to match the
-monolithic throughput; ``breakdown`` re-plans with one of Maestro's freedoms switched off at a
-time (``Ablation``) and reports how many GPU-hours each one is worth; ``plan_toml`` writes a
-plan as a config: a run config (loads with ``maestro.config.load``) or a scenario plan.
+``compare`` plans Maestro and the three baselines of DESIGN 2.4 for one budget (the same
+whole-model layout search, ``plan_monolithic``, under three samplers) and finds the GPUs
+Maestro needs to match the tuned baseline's throughput; ``breakdown`` re-plans with one of
+Maestro's freedoms switched off at a time (``Ablation``) and reports how many GPU-hours each
+one is worth; ``plan_toml`` writes a plan as a config: a run config (loads with
+``maestro.config.load``) or a scenario plan.
 """
 
 from __future__ import annotations
@@ -35,71 +37,155 @@ ABLATIONS: dict[str, Ablation] = {
 }
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """One of the three baselines: how it is printed and which sampler it runs.
+
+    Args:
+        attr: its ``Comparison`` attribute.
+        label: the name printed everywhere a saving is printed.
+        short: the name in narrow columns and inline lists.
+        order: its ``SearchOptions.monolithic_order``.
+        sampler: what its sampler does, in words.
+    """
+
+    attr: str
+    label: str
+    short: str
+    order: str
+    sampler: str
+
+
+#: The three baselines of DESIGN 2.4, weakest sampler first. Each is the best one-size-fits-all
+#: layout (``plan_monolithic``: the same tp/fsdp/mbs/recompute search); only the sampler
+#: differs.
+BASELINES: tuple[Baseline, ...] = (
+    Baseline(
+        "conventional",
+        "conventional (a)",
+        "(a)",
+        "data",
+        "data order (a DistributedSampler's contiguous shards)",
+    ),
+    Baseline(
+        "careful",
+        "careful (b')",
+        "(b')",
+        "tokens",
+        "token-count-balanced (equal tokens per rank, longest first; length-sorted "
+        "micro-batches, as trainers' group-by-length samplers; no cost model)",
+    ),
+    Baseline(
+        "monolithic",
+        "tuned (b, contains Maestro's cost-aware balancer)",
+        "(b)",
+        "cost",
+        "Maestro's cost-aware balancer (equal cost-model work per rank)",
+    ),
+)
+
+
 @dataclass
 class Comparison:
-    """Maestro and monolithic plans for one budget.
+    """Maestro and the three monolithic baselines for one budget (DESIGN 2.4).
 
-    Two baselines, each under the same search effort (DESIGN 2.4):
+    Each baseline is the best whole-model plan under the same search effort; they differ in
+    their sampler only (``BASELINES``):
 
-    - ``monolithic``, the *tuned* baseline (b): the best whole-model plan with a
-      length-balanced sampler (when ``SearchOptions.balance_monolithic``);
-    - ``conventional`` (a), the paper's one-size-fits-all: one configuration for every
-      component, samples in data order (``None`` when the tuned search is data order too,
-      as for run configs, so the two are the same plan).
+    - ``conventional`` (a), the paper's one-size-fits-all: samples in data order;
+    - ``careful`` (b'), a token-count-balanced sampler as trainers ship
+      (``maestro.schedule.monolithic.token_balanced_order``);
+    - ``monolithic``, the *tuned* baseline (b): Maestro's own cost-aware balancer
+      (``balanced_order``), so the saving against it excludes what balancing buys.
+
+    ``conventional`` and ``careful`` may be ``None`` (a hand-built comparison); their
+    savings then fall back to the tuned baseline.
 
     Args:
         maestro: the per-section plan.
-        monolithic: the best whole-model plan (tuned baseline).
-        match: the Maestro plan with the fewest GPUs reaching the monolithic throughput
+        monolithic: the tuned baseline (b).
+        match: the Maestro plan with the fewest GPUs reaching the tuned baseline's throughput
             (None if not searched or not reachable).
-        conventional: the data-order whole-model plan (conventional baseline).
+        conventional: the data-order baseline (a).
+        careful: the token-balanced baseline (b').
     """
 
     maestro: Plan
     monolithic: Plan
     match: Plan | None = None
     conventional: Plan | None = None
+    careful: Plan | None = None
+
+    @property
+    def tuned(self) -> Plan:
+        """The tuned baseline (b) (``monolithic``)."""
+        return self.monolithic
+
+    def baselines(self) -> list[tuple[Baseline, Plan]]:
+        """``(Baseline, plan)`` of every baseline present, (a), (b'), (b) in that order."""
+        out = [(b, getattr(self, b.attr)) for b in BASELINES]
+        return [(b, p) for b, p in out if p is not None]
+
+    def saving_against(self, base: Plan) -> float:
+        """Fraction of GPU-hours per sample Maestro saves against ``base``."""
+        return 1.0 - self.maestro.gpu_hours_per_million / base.gpu_hours_per_million
+
+    def saving_bound_against(self, base: Plan) -> float:
+        """``saving_against(base)`` at both plans' ``busy_bound`` (fill and drain
+        overlapped)."""
+        return 1.0 - self.maestro.gpu_hours_per_million_bound / base.gpu_hours_per_million_bound
 
     @property
     def saving_bound(self) -> float:
         """``saving`` at both plans' ``busy_bound`` (fill and drain overlapped)."""
-        return 1.0 - (
-            self.maestro.gpu_hours_per_million_bound / self.monolithic.gpu_hours_per_million_bound
-        )
+        return self.saving_bound_against(self.monolithic)
 
     @property
     def saving(self) -> float:
-        """Fraction of GPU-hours per sample Maestro saves against the monolithic plan."""
-        return 1.0 - self.maestro.gpu_hours_per_million / self.monolithic.gpu_hours_per_million
+        """Fraction of GPU-hours per sample Maestro saves against the tuned baseline (b)."""
+        return self.saving_against(self.monolithic)
 
     @property
     def saving_conventional(self) -> float:
-        """Fraction saved against the conventional baseline (the tuned one when it is
+        """Fraction saved against the conventional baseline (a) (the tuned one when it is
         ``None``)."""
-        base = self.conventional or self.monolithic
-        return 1.0 - self.maestro.gpu_hours_per_million / base.gpu_hours_per_million
+        return self.saving_against(self.conventional or self.monolithic)
+
+    @property
+    def saving_careful(self) -> float:
+        """Fraction saved against the careful baseline (b') (the tuned one when it is
+        ``None``)."""
+        return self.saving_against(self.careful or self.monolithic)
 
 
 def compare(
     wl: Workload, gpus: int, options: SearchOptions | None = None, match: bool = True
 ) -> Comparison:
-    """Plan Maestro and the monolithic baseline under the same search options."""
+    """Plan Maestro and the three baselines under the same search options.
+
+    Maestro's own monolithic candidates use ``options.monolithic_order``; each baseline
+    replaces it with its own sampler (``BASELINES``), whatever it is. The baselines plan
+    ``wl.baseline_samples`` when the workload has them (the batch as other systems run it,
+    e.g. a blank image tile for a text-only sample), else the same batch as Maestro.
+    """
     opts = options or SearchOptions()
     m = plan_maestro(wl.samples, wl.sections, wl.cost_model, gpus, opts)
-    mono = plan_monolithic(wl.samples, wl.sections, wl.cost_model, gpus, opts)
-    conv = None
-    if opts.balance_monolithic:
-        conv = plan_monolithic(
-            wl.samples, wl.sections, wl.cost_model, gpus, replace(opts, balance_monolithic=False)
+    theirs = wl.samples if wl.baseline_samples is None else wl.baseline_samples
+    base = {
+        b.attr: plan_monolithic(
+            theirs, wl.sections, wl.cost_model, gpus, replace(opts, monolithic_order=b.order)
         )
+        for b in BASELINES
+    }
+    mono = base.pop("monolithic")
     found = None
     if match:
         # one simulated layout per family keeps the binary search affordable at 1,024 GPUs
-        quick = replace(options or SearchOptions(), simulate_top=1)
+        quick = replace(opts, simulate_top=1)
         found = gpus_to_match(
             wl.samples, wl.sections, wl.cost_model, mono.samples_per_s, gpus, quick
         )
-    return Comparison(m, mono, found, conv)
+    return Comparison(m, mono, found, **base)
 
 
 def breakdown(wl: Workload, gpus: int, options: SearchOptions | None = None) -> dict[str, float]:
@@ -128,50 +214,71 @@ def breakdown(wl: Workload, gpus: int, options: SearchOptions | None = None) -> 
 
 
 def format_comparison(label: str, gpus: int, c: Comparison) -> str:
-    """A readable table of both plans."""
+    """A readable table of Maestro's plan and every baseline, with Maestro's saving against
+    each (GPU-hours per million samples, step time, GPUs)."""
+    bases = c.baselines()
+    w = max(len(b.label) for b, _ in bases) + 2
     rows = [
         f"{label}: {c.maestro.num_samples} samples per step, budget {gpus} GPUs",
-        f"{'plan':<12}{'GPUs':>6}{'step s':>10}{'samples/s':>12}{'GPU-h/M samples':>17}"
-        f"{'simulated':>11}",
+        f"{'plan':<{w}}{'GPUs':>6}{'step s':>10}{'samples/s':>12}{'GPU-h/M samples':>17}"
+        f"{'simulated':>11}{'Maestro saves':>15}",
     ]
-    plans = [("maestro", c.maestro), ("monolithic", c.monolithic)]
-    if c.conventional is not None:
-        plans.append(("conventional", c.conventional))
-    for name, p in plans:
+    for name, p, saved in [("maestro", c.maestro, "")] + [
+        (b.label, p, f"{100 * c.saving_against(p):.1f}%") for b, p in bases
+    ]:
         rows.append(
-            f"{name:<12}{p.gpus:>6}{p.step_time:>10.3f}{p.samples_per_s:>12.1f}"
-            f"{p.gpu_hours_per_million:>17.2f}{f'{p.simulated}/{p.candidates}':>11}"
+            f"{name:<{w}}{p.gpus:>6}{p.step_time:>10.3f}{p.samples_per_s:>12.1f}"
+            f"{p.gpu_hours_per_million:>17.2f}{f'{p.simulated}/{p.candidates}':>11}{saved:>15}"
         )
-    rows.append(f"maestro:    {c.maestro.describe()}")
-    rows.append(f"monolithic: {c.monolithic.describe().removeprefix('monolithic: ')}")
-    if c.conventional is not None:
+    rows.append(f"maestro: {c.maestro.describe()}")
+    for b, p in bases:
         rows.append(
-            f"conventional: {c.conventional.describe().removeprefix('monolithic: ')} (data order)"
+            f"{b.label}: monolithic {p.describe().removeprefix('monolithic: ')}; "
+            f"sampler: {b.sampler}"
         )
-        rows.append(
-            f"GPU-hours saved per sample: {100 * c.saving:.1f}% vs the tuned baseline "
-            f"(monolithic, length-balanced), {100 * c.saving_conventional:.1f}% vs the "
-            "conventional one (one configuration, data order)"
-        )
-    else:
-        rows.append(f"GPU-hours saved per sample: {100 * c.saving:.1f}%")
+    rows.append(
+        "GPU-hours saved per sample by Maestro: "
+        + ", ".join(f"{100 * c.saving_against(p):.1f}% vs {b.label}" for b, p in bases)
+    )
     rows.append(
         f"  step times are steady-state periods of {STEPS_NOTE}; the first step from idle: "
-        f"{c.maestro.first_step:.3f} vs {c.monolithic.first_step:.3f} s"
+        f"maestro {c.maestro.first_step:.3f} s, "
+        + ", ".join(f"{b.short} {p.first_step:.3f} s" for b, p in bases)
     )
-    bound = 1 - c.maestro.gpu_hours_per_million_bound / c.monolithic.gpu_hours_per_million_bound
     rows.append(
-        f"  lower bound if all fill/drain overlapped (busiest GPU's work): "
-        f"{c.maestro.busy_bound:.3f} vs {c.monolithic.busy_bound:.3f} s/step, "
-        f"{100 * bound:.1f}% saved"
+        "  lower bound if all fill/drain overlapped (busiest GPU's work): "
+        f"maestro {c.maestro.busy_bound:.3f} s/step, "
+        + ", ".join(f"{b.short} {p.busy_bound:.3f}" for b, p in bases)
+        + "; saved "
+        + ", ".join(f"{100 * c.saving_bound_against(p):.1f}% vs {b.short}" for b, p in bases)
     )
     if c.match is not None:
         rows.append(
-            f"GPUs Maestro needs to match the monolithic {c.monolithic.samples_per_s:.1f} "
-            f"samples/s: {c.match.gpus} (vs {c.monolithic.gpus}; "
+            "GPUs Maestro needs to match the tuned baseline's (b) "
+            f"{c.monolithic.samples_per_s:.1f} samples/s: {c.match.gpus} (vs {c.monolithic.gpus}; "
             f"{c.match.describe()})"
         )
     return "\n".join(rows)
+
+
+def format_breakdown(b: dict[str, float], careful: Plan | None = None) -> str:
+    """``breakdown``'s result as text: GPU-h/M samples each freedom adds when switched off
+    and, given the careful baseline (b'), Maestro's saving against it with that freedom off
+    (what each mechanism buys, measured against (b'), not against a baseline that already
+    contains Maestro's balancer)."""
+    b = dict(b)
+    full = b.pop("full")
+    head = f"\nbreakdown: GPU-h/M samples added when one freedom is off (full plan {full:.2f}"
+    if careful is not None:
+        ref = careful.gpu_hours_per_million
+        head += f"; careful baseline (b') {ref:.2f}, saved {100 * (1 - full / ref):.1f}%"
+    lines = [head + ")"]
+    for label, extra in b.items():
+        row = f"  {label:<54}{extra:>+9.2f}"
+        if careful is not None:
+            row += f"   saved vs (b') with it off: {100 * (1 - (full + extra) / ref):>6.1f}%"
+        lines.append(row)
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,7 +309,20 @@ def _table(name: str, d: dict) -> list[str]:
     return lines
 
 
-def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str = "balanced") -> str:
+#: ``SearchOptions.monolithic_order`` (or config spelling) -> ``TrainConfig.monolithic_order``
+CONFIG_ORDERS = {"data": "data", "tokens": "tokens", "cost": "balanced", "balanced": "balanced"}
+
+
+def _config_order(plan: Plan, order: str | None) -> str:
+    """The ``monolithic_order`` to write: ``order``, default the sampler ``plan`` was scored
+    with (``balanced`` for a plan that does not say)."""
+    o = order if order is not None else (plan.order or "balanced")
+    if o not in CONFIG_ORDERS:
+        raise ValueError(f"order must be one of {', '.join(CONFIG_ORDERS)}, got {o!r}")
+    return CONFIG_ORDERS[o]
+
+
+def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str | None = None) -> str:
     """The plan as TOML.
 
     For a run config: the same config with each section's ``dp``, ``fsdp``, ``tp``,
@@ -211,8 +331,10 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str = "balan
     --monolithic --nproc DP``); it loads with ``maestro.config.load``. For a scenario: the
     Hugging Face job of the scenario's shape with the planned layout
     (``scenario_run_config``; ``scale_down = K``: a copy shrunk to run here); ``read_plan``
-    reads the layout back. ``order``: a monolithic plan's ``monolithic_order`` (``balanced``:
-    the tuned baseline's length-balanced sampler; ``data``: the conventional one's).
+    reads the layout back. ``order``: a monolithic plan's ``monolithic_order``, default the
+    sampler the plan was scored with (``Plan.order``): ``data`` (the conventional
+    baseline's), ``tokens`` (the careful one's token-count balance; ``maestro.config`` does
+    not accept it yet) or ``balanced`` (``cost``: the tuned one's cost-aware balancer).
 
     A colocated group's members get its ``group`` (the plan's ``"a+b"``) and share its
     grid (ZeRO-1 is written off for members). A per-section plan giving ``tp > 1`` to a
@@ -242,7 +364,7 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str = "balan
     if plan.monolithic:
         sp = next(iter(plan.sections.values()))
         d["monolithic_micro_batch_size"] = sp.micro_batch_size
-        d["monolithic_order"] = order
+        d["monolithic_order"] = _config_order(plan, order)
         head.append(f"# run: maestro train THIS.toml --monolithic --nproc {sp.dp}")
     else:
         for n, sp in plan.sections.items():
@@ -291,7 +413,7 @@ def shrink_layout(
 
 
 def scenario_run_config(
-    wl: Workload, plan: Plan, head: list[str], scale_down: int = 0, order: str = "balanced"
+    wl: Workload, plan: Plan, head: list[str], scale_down: int = 0, order: str | None = None
 ) -> str:
     """A scenario's plan as a run config ``maestro train`` runs: the Hugging Face job of the
     scenario's shape (``maestro.hf.scenarios``) with the planned layout.
@@ -302,8 +424,7 @@ def scenario_run_config(
     trains on this machine in well under a minute. A monolithic plan keeps its ``tp`` and
     ``fsdp`` in the sections at full scale (``maestro train --monolithic`` runs plain
     replicas; under ``--emulate`` each replica stands for ``tp`` GPUs priced with them) and
-    ``order`` as its
-    ``monolithic_order``.
+    ``order`` (default: the sampler it was scored with) as its ``monolithic_order``.
     """
     from maestro.hf.scenarios import scaled, scenario_job
 
@@ -364,7 +485,7 @@ def scenario_run_config(
     if plan.monolithic:
         sp = next(iter(secs.values()))
         d["monolithic_micro_batch_size"] = min(sp.micro_batch_size, batch)
-        d["monolithic_order"] = order
+        d["monolithic_order"] = _config_order(plan, order)
         world = sp.data_parallel
         head.append(f"# run: maestro train THIS.toml --monolithic --nproc {world}")
         if sp.tp > 1 or sp.fsdp > 1:
@@ -434,6 +555,10 @@ def read_plan(text: str) -> tuple[bool, dict[str, SectionPlan]]:
 
 __all__ = [
     "ABLATIONS",
+    "BASELINES",
+    "CONFIG_ORDERS",
+    "Baseline",
+    "format_breakdown",
     "RUN_HERE_RANKS",
     "layout_label",
     "scenario_run_config",

@@ -1,9 +1,15 @@
 """The monolithic baseline as a schedule: every rank runs the whole model (DDP).
 
 All sections share all ranks (``Schedule.colocated``). Samples are sharded over the ranks in
-data order, as a ``DistributedSampler`` would, and cut into micro-batches of one size for the
-whole model: the smallest ``micro_batch_size`` (and ``token_budget``) of any section, since one
-micro-batch must fit every component's memory at once.
+the order given, as contiguous equal-count shards, and cut into micro-batches of one size for
+the whole model: the smallest ``micro_batch_size`` (and ``token_budget``) of any section, since
+one micro-batch must fit every component's memory at once.
+
+The order is the baseline's sampler (``ORDERS``, ``sampler_order``): ``data`` (a
+``DistributedSampler``: the conventional baseline), ``tokens`` (``token_balanced_order``:
+equal token counts per rank and length-sorted micro-batches, as trainers ship; the careful
+baseline, which never looks at a cost model) or ``cost`` (``balanced_order``: Maestro's own
+cost-aware balancer; the tuned baseline).
 """
 
 from __future__ import annotations
@@ -75,24 +81,69 @@ def monolithic_schedule(
     return Schedule(order=order, name="monolithic", colocated=True)
 
 
+#: the monolithic baseline's samplers: data order, token-count balance, cost-model balance
+ORDERS = ("data", "tokens", "cost")
+
+
+def _greedy_bins(
+    samples: Sequence[SampleInfo], world: int, weights: Sequence[float]
+) -> list[list[SampleInfo]]:
+    """``world`` bins of the contiguous shards' sizes (as ``monolithic_schedule`` cuts them),
+    filled greedily heaviest first, each sample to the lightest bin with room. Ties keep data
+    order (a stable sort; the lowest rank among equally light bins)."""
+    if world < 1:
+        raise ValueError(f"world must be >= 1, got {world}")
+    n = len(samples)
+    room = [((r + 1) * n) // world - (r * n) // world for r in range(world)]
+    heap = [(0.0, r) for r in range(world) if room[r] > 0]
+    heapq.heapify(heap)
+    bins: list[list[SampleInfo]] = [[] for _ in range(world)]
+    for i in sorted(range(n), key=lambda i: -weights[i]):
+        load, r = heapq.heappop(heap)
+        bins[r].append(samples[i])
+        if len(bins[r]) < room[r]:
+            heapq.heappush(heap, (load + weights[i], r))
+    return bins
+
+
+def token_balanced_order(samples: Sequence[SampleInfo], world: int) -> list[SampleInfo]:
+    """The careful baseline's sampler: token-count balance across ranks, as trainers ship it.
+
+    Samples go longest first to the rank with the fewest tokens so far that still has room
+    (equal sample counts per rank, the contiguous shards ``monolithic_schedule`` cuts): the
+    greedy equal-size variant of verl's ``get_seqlen_balanced_partitions``
+    (``verl.utils.seqlen_balancing``; Megatron-style sequence-length balancing). Within a
+    rank the samples are sorted by length, longest first, so its micro-batches hold samples
+    of similar length and pad little, as Hugging Face's ``group_by_length``
+    (``LengthGroupedSampler``) does. A sample's length is its ``cost["tokens"]`` (0 when
+    absent); no cost model is consulted, which is what separates it from ``balanced_order``.
+    Greedy longest-first keeps every rank's token sum within the longest sample's tokens of
+    every other's. Deterministic (ties keep data order).
+    """
+    tokens = [float(s.cost.get("tokens", 0.0)) for s in samples]
+    bins = _greedy_bins(samples, world, tokens)
+    # heaviest first already: a stable sort by length keeps ties in the order they arrived
+    return [s for b in bins for s in sorted(b, key=lambda s: -s.cost.get("tokens", 0.0))]
+
+
 def balanced_order(
     samples: Sequence[SampleInfo],
     world: int,
     cost_model,
     units: Sequence[tuple[str, bool]],
 ) -> list[SampleInfo]:
-    """Samples reordered so each of ``world`` contiguous equal-count shards carries about the
-    same estimated work: a length-balanced sampler, so the baseline's ranks do not wait on
-    the one holding the longest sequences.
+    """The tuned baseline's sampler: Maestro's own cost-aware balancer. Samples reordered so
+    each of ``world`` contiguous equal-count shards carries about the same estimated work on
+    ``cost_model``, so the baseline's ranks do not wait on the one holding the costliest
+    samples.
 
-    Greedy, longest first to the least-loaded rank with room; a sample's work is the forward
-    (and, for a trainable unit, backward) time of each ``(section, frozen)`` unit it
-    activates, alone, on ``cost_model``. Deterministic (ties keep data order).
+    Greedy, costliest first to the least-loaded rank with room; a sample's work is the
+    forward (and, for a trainable unit, backward) time of each ``(section, frozen)`` unit it
+    activates, alone, on ``cost_model``. Each rank's samples stay costliest first.
+    Deterministic (ties keep data order).
     """
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
-    n = len(samples)
-    room = [((r + 1) * n) // world - (r * n) // world for r in range(world)]
 
     def cost(s: SampleInfo) -> float:
         f = micro_batch_features([s.cost])
@@ -104,15 +155,25 @@ def balanced_order(
                     t += cost_model.backward_time(name, f)
         return t
 
-    heap = [(0.0, r) for r in range(world) if room[r] > 0]
-    heapq.heapify(heap)
-    bins: list[list[SampleInfo]] = [[] for _ in range(world)]
-    for c, s in sorted(((cost(s), s) for s in samples), key=lambda x: -x[0]):
-        load, r = heapq.heappop(heap)
-        bins[r].append(s)
-        if len(bins[r]) < room[r]:
-            heapq.heappush(heap, (load + c, r))
-    return [s for b in bins for s in b]
+    return [s for b in _greedy_bins(samples, world, [cost(s) for s in samples]) for s in b]
+
+
+def sampler_order(
+    order: str,
+    samples: Sequence[SampleInfo],
+    world: int,
+    cost_model=None,
+    units: Sequence[tuple[str, bool]] = (),
+) -> list[SampleInfo]:
+    """``samples`` in the order of the baseline sampler ``order`` (one of ``ORDERS``) for
+    ``world`` contiguous shards; ``cost_model`` and ``units`` are used by ``cost`` only."""
+    if order == "data":
+        return list(samples)
+    if order == "tokens":
+        return token_balanced_order(samples, world)
+    if order == "cost":
+        return balanced_order(samples, world, cost_model, units)
+    raise ValueError(f"unknown monolithic order {order!r}; choose one of: {', '.join(ORDERS)}")
 
 
 def whole_micro_batches(schedule: Schedule, rank: int) -> list[tuple[int, ...]]:
