@@ -281,3 +281,26 @@ def test_sweep_table_has_three_baselines():
     row = next(line for line in text.splitlines() if line.startswith("    8 "))
     assert row.split()[1:8] == ["60.00", "120.00", "80.00", "75.00", "+50.0%", "+25.0%", "+20.0%"]
     assert TUNED in text and "careful (b'" in text
+
+
+def test_baselines_may_pipeline_and_split_sequences_maestro_may_not():
+    """The baselines' search is open to pp and cp (other systems have them); plan_maestro's
+    own monolithic candidate and its plans are not, and plan_toml refuses a staged plan."""
+    from maestro.plan import SearchOptions, plan_maestro, plan_monolithic, plan_toml
+    from maestro.plan.workload import ScenarioSpec, scenario_workload
+
+    wl = scenario_workload(ScenarioSpec(name="kd", gpus=16, samples_per_gpu=4))
+    # a tight memory limit makes staging the only way to fit the 34B teacher with the student
+    opts = SearchOptions(memory_limit=40e9, tp_choices=(1, 2), fsdp_choices=(1,))
+    base = plan_monolithic(wl.samples, wl.sections, wl.cost_model, 16, opts, baseline=True)
+    assert any(s.pp > 1 or s.cp > 1 for s in base.sections.values())
+    assert base.gpus == next(iter(base.sections.values())).gpus
+    with pytest.raises(ValueError, match="only the baselines may"):
+        plan_toml(wl, base)
+    with pytest.raises(ValueError, match="no monolithic layout fits"):
+        plan_monolithic(wl.samples, wl.sections, wl.cost_model, 16, opts)
+    try:
+        m = plan_maestro(wl.samples, wl.sections, wl.cost_model, 16, opts)
+    except ValueError:
+        return  # nothing Maestro runs fits: fine, it never pipelines
+    assert all(s.pp == 1 and s.cp == 1 for s in m.sections.values())

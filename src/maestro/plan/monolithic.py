@@ -28,8 +28,18 @@ def plan_monolithic(
     cost_model: CostModel,
     gpus: int,
     options: SearchOptions | None = None,
+    *,
+    baseline: bool = False,
 ) -> Plan:
     """The best one-size-fits-all layout: every replica holds the whole model.
+
+    ``baseline=True``: the layout stands for another system (the baselines of
+    ``maestro.plan.report.compare``): pipeline stages (``options.baseline_pp_choices``, 1F1B
+    with its bubble) and context parallelism (``baseline_cp_choices``) are open to it, on
+    analytical models; a replica is then ``tp * pp * cp`` GPUs. Its data-parallel degree
+    is searched over the fewest that fit, the doublings from there, the estimate's best and
+    the whole budget, so a baseline, like Maestro, may use fewer GPUs than the budget when
+    that costs fewer GPU-hours.
 
     One (tp, fsdp, mbs, recompute) for all sections; ``dp = gpus // tp`` data-parallel
     ranks (``fsdp`` of them sharding one copy of the state; analytical models only, as
@@ -54,32 +64,41 @@ def plan_monolithic(
     budget = min(budgets) if budgets else None
     any_trainable = any(not s.frozen for s in p.sections.values())
     fsdps = sorted(set(opts.fsdp_choices)) if p.analytical else [1]
-    for tp, f, mbs, rc in itertools.product(p.tps, fsdps, mbs_all, p.recomputes):
+    open_ = baseline and p.analytical
+    pps = sorted(set(opts.baseline_pp_choices) | {1}) if open_ else [1]
+    cps = sorted(set(opts.baseline_cp_choices) | {1}) if open_ else [1]
+    for tp, f, mbs, rc, pp, cp in itertools.product(p.tps, fsdps, mbs_all, p.recomputes, pps, cps):
         if rc and not any_trainable:
             continue
-        if gpus // tp < f:
+        width = tp * pp * cp  # GPUs per data-parallel rank
+        if gpus // width < f or (pp > 1 and mbs > 1 and len(p.samples) < pp):
             continue
         strat = {
-            n: SectionStrategy(tp=tp, fsdp=f, recompute=rc and not p.sections[n].frozen)
+            n: SectionStrategy(
+                tp=tp, fsdp=f, recompute=rc and not p.sections[n].frozen, pp=pp, cp=cp
+            )
             for n in p.order
         }
         cm = p.model({}, {}, strat)
-        mem_full, shard, work, longest = 0.0, 0.0, 0.0, 0.0
+        mem_full, shard, work, longest, per_mb = 0.0, 0.0, 0.0, 0.0, 0.0
         for n in p.order:
             sec = replace(p.sections[n], micro_batch_size=mbs, token_budget=budget)
             trainable = not sec.frozen
             if hasattr(cm, "memory_bytes") and p.costs[n]:
                 mem_full += cm.memory_bytes(n, _worst_features(p.costs[n], sec, mbs), trainable)
-                shard += _shard_bytes(p, n, tp) if f == 1 else 0.0
-            w, lg, _, _ = _data_order_work(cm, sec, p.costs[n], trainable)
+                shard += _shard_bytes(p, n, tp) / (pp * cp) if f == 1 else 0.0
+            w, lg, fwd_mb, bwd_mb = _data_order_work(cm, sec, p.costs[n], trainable)
             work += w
             longest += lg
+            per_mb += fwd_mb + bwd_mb
+        # 1F1B's fill and drain: (pp - 1) stage-times of a mean micro-batch per step
+        bubble = (pp - 1) * per_mb
 
         # replicas: every GPU of the budget, and as plan_maestro allocates (the fewest that
         # fit, ZeRO-1 shrinking the optimizer state with more, then more while the estimate
         # shortens; it stops early when the longest micro-batch bounds the estimate)
         # (dp counts data-parallel ranks here, in steps of fsdp)
-        top = gpus // tp // f * f
+        top = gpus // width // f * f
         dp = f
         while (
             dp < top
@@ -89,12 +108,22 @@ def plan_monolithic(
             dp += f
         if p.memory_limit is not None and mem_full - shard * (1 - 1 / dp) > p.memory_limit:
             continue
-        est = _mono_estimate(p, cm, tp, work, longest, dp)
-        while dp < top and (nxt := _mono_estimate(p, cm, tp, work, longest, dp + f)) < est:
+        fewest = dp
+        est = _mono_estimate(p, cm, width, work, longest, dp) + bubble
+        while (
+            dp < top and (nxt := _mono_estimate(p, cm, width, work, longest, dp + f) + bubble) < est
+        ):
             dp, est = dp + f, nxt
-        for d in sorted({dp, top}):
+        sizes = {dp, top}
+        if baseline:  # the doublings from the fewest that fit: GPU-hours may favour fewer
+            d = fewest
+            while d < top:
+                sizes.add(d)
+                d *= 2
+        for d in sorted(sizes):
             mem = mem_full - shard * (1 - 1 / d)
-            cands.append((_mono_estimate(p, cm, tp, work, longest, d), tp, mbs, rc, d, mem, cm, f))
+            e = _mono_estimate(p, cm, width, work, longest, d) + bubble
+            cands.append((e, width, mbs, rc, d, mem, cm, f, tp, pp, cp, bubble))
     if not cands:
         raise ValueError(
             f"no monolithic layout fits {_gb(p.memory_limit)} per device within {gpus} GPUs"
@@ -104,28 +133,38 @@ def plan_monolithic(
     else:
         cands.sort(key=lambda c: c[0])
     # as many simulations as plan_maestro's three families may use, plus the best-ranked
-    # layout of every tp not among them (so no tp goes unsimulated)
+    # layout of every (tp, pp, cp) not among them (so none goes unsimulated)
     picked = cands[: 3 * opts.simulate_top]
-    tps_in = {c[1] for c in picked}
+    kinds = {c[8:11] for c in picked}
     for c in cands:
-        if c[1] not in tps_in:
-            tps_in.add(c[1])
+        if c[8:11] not in kinds:
+            kinds.add(c[8:11])
             picked.append(c)
     best = None
-    for est, tp, mbs, rc, dp, mem, cm, f in picked:
+    for est, width, mbs, rc, dp, mem, cm, f, tp, pp, cp, bubble in picked:
         specs = [
             replace(p.sections[n], dp=dp, micro_batch_size=mbs, token_budget=budget)
             for n in p.order
         ]
         step, bound, first = _simulate(p, specs, cm, monolithic=True, mbs=mbs)
-        if best is None or _better(dp * tp, step, best, opts.objective):
+        step, bound, first = step + bubble, bound + bubble, first + bubble
+        if best is None or _better(dp * width, step, best, opts.objective):
             best = Plan(
                 sections={
-                    n: SectionPlan(dp // f, tp, mbs, rc and not p.sections[n].frozen, mem, fsdp=f)
+                    n: SectionPlan(
+                        dp // f,
+                        tp,
+                        mbs,
+                        rc and not p.sections[n].frozen,
+                        mem,
+                        fsdp=f,
+                        pp=pp,
+                        cp=cp,
+                    )
                     for n in p.order
                 },
                 monolithic=True,
-                gpus=dp * tp,
+                gpus=dp * width,
                 num_samples=len(p.samples),
                 step_time=step,
                 estimate=est,
@@ -138,8 +177,8 @@ def plan_monolithic(
     return best
 
 
-def _mono_estimate(p: _Problem, cm, tp: int, work: float, longest: float, dp: int) -> float:
-    same = dp * tp <= p.gpus_per_node
+def _mono_estimate(p: _Problem, cm, width: int, work: float, longest: float, dp: int) -> float:
+    same = dp * width <= p.gpus_per_node
     return max(work / dp, longest) + sum(
         cm.allreduce_time(n, dp, same) for n in p.order if not p.sections[n].frozen
     )

@@ -101,6 +101,10 @@ class SearchOptions:
             time is the mean step after the first: one batch's mix of lengths and
             modalities can favour a layout that loses on the others. Each batch must hold
             as many samples as the planned one (``ValueError`` otherwise).
+        baseline_pp_choices: pipeline stages (1F1B) the baselines' whole-model search may
+            use (they stand for other systems; Maestro's own plans never pipeline, as
+            ``maestro train`` does not).
+        baseline_cp_choices: context-parallel degrees the baselines may use, likewise.
     """
 
     mbs_choices: Sequence[int] = MBS_CHOICES
@@ -121,6 +125,8 @@ class SearchOptions:
     batches: Sequence[Sequence[SampleInfo]] = ()
     zero1: bool = True
     objective: str = "gpu_hours"
+    baseline_pp_choices: Sequence[int] = (1, 2, 4, 8)
+    baseline_cp_choices: Sequence[int] = (1, 2, 4)
 
     def __post_init__(self, balance_monolithic: bool | None) -> None:
         # the alias wins when given (old callers pass only it); ``replace`` passes None
@@ -150,6 +156,8 @@ class SectionPlan:
             section has devices of its own.
         fsdp: FSDP shard degree inside a replica group.
         zero: 1: ZeRO-1 optimizer-state sharding over the ``dp`` replicas.
+        pp: pipeline stages per replica (baselines only; ``maestro train`` has none).
+        cp: context-parallel degree (baselines only, likewise).
     """
 
     dp: int
@@ -160,10 +168,12 @@ class SectionPlan:
     group: str = ""
     fsdp: int = 1
     zero: int = 0
+    pp: int = 1
+    cp: int = 1
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.fsdp * self.tp
+        return self.dp * self.fsdp * self.tp * self.pp * self.cp
 
     @property
     def data_parallel(self) -> int:
@@ -174,7 +184,8 @@ class SectionPlan:
         """``dp=.. [fsdp=..] tp=..`` and, when set, ``zero=1`` and ``rc``."""
         fs = f" fsdp={self.fsdp}" if self.fsdp > 1 else ""
         z = " zero=1" if self.zero else ""
-        return f"dp={self.dp}{fs} tp={self.tp}{z}"
+        pc = (f" pp={self.pp}" if self.pp > 1 else "") + (f" cp={self.cp}" if self.cp > 1 else "")
+        return f"dp={self.dp}{fs} tp={self.tp}{pc}{z}"
 
 
 @dataclass

@@ -173,7 +173,12 @@ def compare(
     theirs = wl.samples if wl.baseline_samples is None else wl.baseline_samples
     base = {
         b.attr: plan_monolithic(
-            theirs, wl.sections, wl.cost_model, gpus, replace(opts, monolithic_order=b.order)
+            theirs,
+            wl.sections,
+            wl.cost_model,
+            gpus,
+            replace(opts, monolithic_order=b.order),
+            baseline=True,
         )
         for b in BASELINES
     }
@@ -341,6 +346,13 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str | None =
     section the runtime cannot split (``maestro.costmodel.splits_tp``, as the planner
     checks) is a ``ValueError`` naming the section.
     """
+    staged = [n for n, sp in plan.sections.items() if sp.pp > 1 or sp.cp > 1]
+    if staged:
+        raise ValueError(
+            f"sections.{staged[0]}: the plan pipelines (pp) or splits sequences (cp), which "
+            "only the baselines may (they stand for other systems); maestro train runs "
+            "neither"
+        )
     if not plan.monolithic:
         for n, sp in plan.sections.items():
             if sp.tp > 1 and not splits_tp(wl.cost_model, n):
