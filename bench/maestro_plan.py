@@ -71,20 +71,32 @@ def calibration_part() -> None:
     print(calibration.format_table(calibration.compare()), flush=True)
 
 
-def heavy_part(gpu_list: list[int], colocate: bool) -> None:
+def heavy_part(
+    gpu_list: list[int],
+    colocate: bool,
+    names=("kd-72b", "mllm-vl", "mllm-internvl"),
+    breakdown_at: int = 0,
+) -> None:
     """Issue 30's table: the paper-like scenarios (fixed global batch) at each budget, Maestro
-    against the three baselines, with ``--colocate`` when asked."""
-    from maestro.plan import SearchOptions, compare, format_comparison
+    against the three baselines, with ``--colocate`` when asked; then, at ``breakdown_at``
+    GPUs, what each of Maestro's freedoms buys against the careful baseline (b')."""
+    from maestro.plan import SearchOptions, breakdown, compare, format_comparison
+    from maestro.plan.report import format_breakdown
     from maestro.plan.workload import ScenarioSpec, scenario_workload
 
-    for name in ("kd-72b", "mllm-vl", "mllm-internvl"):
+    opts = SearchOptions(colocate=colocate)
+    for name in names:
         for g in gpu_list:
             t = time.perf_counter()
             wl = scenario_workload(ScenarioSpec(name=name, gpus=g))
-            c = compare(wl, g, SearchOptions(colocate=colocate))
+            c = compare(wl, g, opts, match=False)
             print(f"\n== {name} at {g} GPUs{' (--colocate)' if colocate else ''}")
             print(format_comparison(wl.label, g, c))
             print(f"({time.perf_counter() - t:.0f} s)", flush=True)
+            if g == breakdown_at:
+                t = time.perf_counter()
+                print(format_breakdown(breakdown(wl, g, opts), c.careful))
+                print(f"(breakdown {time.perf_counter() - t:.0f} s)", flush=True)
 
 
 def sim_part(gpu_list: list[int], plot: str, text_only: list[float]) -> None:
@@ -320,6 +332,12 @@ def main() -> None:
     ap.add_argument("--gpus", default="64,256,1024")
     ap.add_argument("--heavy-gpus", default="256,1024", help="budgets of the heavy scenarios")
     ap.add_argument("--colocate", action="store_true", help="heavy: also colocated layouts")
+    ap.add_argument(
+        "--scenarios", default="kd-72b,mllm-vl,mllm-internvl", help="heavy: scenarios to plan"
+    )
+    ap.add_argument(
+        "--breakdown-at", type=int, default=256, help="heavy: budget of the breakdown (0: none)"
+    )
     ap.add_argument("--text-only", default="0,0.2,0.4,0.6,0.8")
     ap.add_argument("--plot", default="maestro_plan.png")
     ap.add_argument("--steps", type=int, default=6, help="steps per real run (validate)")
@@ -343,7 +361,12 @@ def main() -> None:
     if "calibration" in parts:
         calibration_part()
     if "heavy" in parts:
-        heavy_part([int(x) for x in args.heavy_gpus.split(",")], args.colocate)
+        heavy_part(
+            [int(x) for x in args.heavy_gpus.split(",")],
+            args.colocate,
+            tuple(args.scenarios.split(",")),
+            args.breakdown_at,
+        )
     if "sim" in parts:
         sim_part(
             [int(x) for x in args.gpus.split(",")],
