@@ -435,8 +435,10 @@ class TrainConfig:
     smallest ``token_budget`` of any section also caps its micro-batches' tokens."""
     monolithic_order: str = "data"
     """Sample order of the ``--monolithic`` baseline: ``data`` (contiguous shards in data
-    order, as a ``DistributedSampler``) or ``balanced`` (a length-balanced sampler: shards of
-    equal estimated work, by the scheduler's cost model; the planner's tuned baseline)."""
+    order, as a ``DistributedSampler``), ``tokens`` (shards of equal token counts, each sorted
+    by length: the planner's careful baseline, as trainers' group-by-length samplers) or
+    ``balanced`` (shards of equal estimated work, by the scheduler's cost model; the
+    planner's tuned baseline)."""
     threads: int = 1
     """Intra-op torch threads per rank on CPU."""
     max_memory: str | int | None = None
@@ -464,9 +466,10 @@ class TrainConfig:
             raise ValueError(
                 f"monolithic_micro_batch_size must be >= 1, got {self.monolithic_micro_batch_size}"
             )
-        if self.monolithic_order not in ("data", "balanced"):
+        if self.monolithic_order not in ("data", "tokens", "balanced"):
             raise ValueError(
-                f"monolithic_order must be 'data' or 'balanced', got {self.monolithic_order!r}"
+                "monolithic_order must be 'data', 'tokens' or 'balanced', got "
+                f"{self.monolithic_order!r}"
             )
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")

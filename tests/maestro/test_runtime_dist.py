@@ -83,9 +83,10 @@ def test_mllm_audio_any_schedule_float32_with_trace(tmp_path, monkeypatch):
     assert {"vision fwd", "vision bwd", "audio fwd", "llm fwd", "llm bwd", "recv vision"} <= names
 
 
-@pytest.mark.parametrize("order", ["data", "balanced"])
+@pytest.mark.parametrize("order", ["data", "tokens", "balanced"])
 def test_monolithic_baseline_equals_reference_float64(tmp_path, order):
-    # balanced: the length-balanced sampler's shards (the planner's tuned baseline)
+    # tokens: token-count-balanced shards sorted by length (the planner's careful baseline);
+    # balanced: the cost-aware balancer's shards (the planner's tuned baseline)
     text = KD.format(dtype="float64", scheduler="fifo", top_k=5, student_dp=1)
     cfg = C.loads(text.replace("[workload]", f'monolithic_order = "{order}"\n[workload]'))
     opts = RunOptions(monolithic=True, save_dir=str(tmp_path), progress=False)

@@ -39,7 +39,8 @@ def register(sub) -> None:
         "--monolithic",
         action="store_true",
         help="write the tuned baseline's monolithic plan (b; its monolithic_order is "
-        "balanced) to --out instead of the per-section one",
+        "balanced) to --out instead of the per-section one (when (b) uses pipeline or "
+        "context parallelism, which maestro train lacks: the best whole-model layout it runs)",
     )
     p.add_argument(
         "--out",
@@ -165,6 +166,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"plot: {args.plot}")
     if args.out is not None:
         plan = c.monolithic if args.monolithic else c.maestro
+        if args.monolithic and any(s.pp > 1 or s.cp > 1 for s in plan.sections.values()):
+            # the tuned baseline pipelines or splits sequences (it stands for other systems):
+            # write the best whole-model layout maestro train runs instead
+            from maestro.plan import plan_monolithic
+
+            plan = plan_monolithic(wl.samples, wl.sections, wl.cost_model, wl.gpus, opts)
+            print(
+                "(the tuned baseline uses pp/cp; --out gets the best whole-model layout "
+                "maestro train runs)"
+            )
         if wl.config is not None and args.profile is not None and plan.order != "data":
             # the run's wavefront scheduler (or the monolithic cost-aware balancer) then
             # estimates costs with the profile the plan was scored on (without one it

@@ -54,7 +54,11 @@ def predict(cfg: TrainConfig, *, monolithic: bool, world: int, steps: int) -> Pr
     """
     from maestro.plan.steady import steady_state
     from maestro.runtime.executor import resolve_scheduler
-    from maestro.schedule.monolithic import balanced_order, monolithic_schedule
+    from maestro.schedule.monolithic import (
+        balanced_order,
+        monolithic_schedule,
+        token_balanced_order,
+    )
 
     job = cfg.job()
     graph = job.graph(build=[])
@@ -66,6 +70,8 @@ def predict(cfg: TrainConfig, *, monolithic: bool, world: int, steps: int) -> Pr
         specs = [replace(s, dp=world, tp=1) for s in specs]
         if cfg.monolithic_order == "balanced":
             infos = balanced_order(infos, world, cm, [(s.name, s.frozen) for s in specs])
+        elif cfg.monolithic_order == "tokens":
+            infos = token_balanced_order(infos, world)
         sched = monolithic_schedule(
             infos, specs, world_size=world, micro_batch_size=cfg.monolithic_micro_batch_size
         )

@@ -21,6 +21,9 @@ from maestro.plan.problem import (
 from maestro.plan.tpmodel import SectionStrategy
 from maestro.schedule.types import SampleInfo, SectionSpec
 
+#: the shortest longest-sample for which the baselines' search offers context parallelism
+CP_MIN_TOKENS = 8192
+
 
 def plan_monolithic(
     samples: Sequence[SampleInfo],
@@ -66,12 +69,18 @@ def plan_monolithic(
     fsdps = sorted(set(opts.fsdp_choices)) if p.analytical else [1]
     open_ = baseline and p.analytical
     pps = sorted(set(opts.baseline_pp_choices) | {1}) if open_ else [1]
-    cps = sorted(set(opts.baseline_cp_choices) | {1}) if open_ else [1]
+    longest_sample = max((s.cost.get("tokens", 0.0) for s in p.samples), default=0.0)
+    # context parallelism is for long sequences (torchtitan and Megatron-LM use it from 8k
+    # tokens up): offered when the batch has some
+    cps = [1]
+    if open_ and longest_sample >= CP_MIN_TOKENS:
+        cps = sorted(set(opts.baseline_cp_choices) | {1})
+    works: dict[tuple, tuple[float, float, float]] = {}
     for tp, f, mbs, rc, pp, cp in itertools.product(p.tps, fsdps, mbs_all, p.recomputes, pps, cps):
         if rc and not any_trainable:
             continue
         width = tp * pp * cp  # GPUs per data-parallel rank
-        if gpus // width < f or (pp > 1 and mbs > 1 and len(p.samples) < pp):
+        if gpus // width < f or (pp > 1 and len(p.samples) < pp):
             continue
         strat = {
             n: SectionStrategy(
@@ -80,17 +89,27 @@ def plan_monolithic(
             for n in p.order
         }
         cm = p.model({}, {}, strat)
-        mem_full, shard, work, longest, per_mb = 0.0, 0.0, 0.0, 0.0, 0.0
+        mem_full, shard = 0.0, 0.0
         for n in p.order:
             sec = replace(p.sections[n], micro_batch_size=mbs, token_budget=budget)
             trainable = not sec.frozen
             if hasattr(cm, "memory_bytes") and p.costs[n]:
                 mem_full += cm.memory_bytes(n, _worst_features(p.costs[n], sec, mbs), trainable)
                 shard += _shard_bytes(p, n, tp) / (pp * cp) if f == 1 else 0.0
-            w, lg, fwd_mb, bwd_mb = _data_order_work(cm, sec, p.costs[n], trainable)
-            work += w
-            longest += lg
-            per_mb += fwd_mb + bwd_mb
+        key = (tp, f, mbs, rc, cp)
+        if key not in works:  # a stage's work is exactly 1/pp of the unstaged replica's
+            flat = (
+                cm if pp == 1 else p.model({}, {}, {n: replace(x, pp=1) for n, x in strat.items()})
+            )
+            work, longest, per_mb = 0.0, 0.0, 0.0
+            for n in p.order:
+                sec = replace(p.sections[n], micro_batch_size=mbs, token_budget=budget)
+                w, lg, fwd_mb, bwd_mb = _data_order_work(flat, sec, p.costs[n], not sec.frozen)
+                work += w
+                longest += lg
+                per_mb += fwd_mb + bwd_mb
+            works[key] = (work, longest, per_mb)
+        work, longest, per_mb = (x / pp for x in works[key])
         # 1F1B's fill and drain: (pp - 1) stage-times of a mean micro-batch per step
         bubble = (pp - 1) * per_mb
 

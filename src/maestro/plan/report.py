@@ -338,8 +338,8 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str | None =
     (``scenario_run_config``; ``scale_down = K``: a copy shrunk to run here); ``read_plan``
     reads the layout back. ``order``: a monolithic plan's ``monolithic_order``, default the
     sampler the plan was scored with (``Plan.order``): ``data`` (the conventional
-    baseline's), ``tokens`` (the careful one's token-count balance; ``maestro.config`` does
-    not accept it yet) or ``balanced`` (``cost``: the tuned one's cost-aware balancer).
+    baseline's), ``tokens`` (the careful one's token-count balance) or ``balanced``
+    (``cost``: the tuned one's cost-aware balancer).
 
     A colocated group's members get its ``group`` (the plan's ``"a+b"``) and share its
     grid (ZeRO-1 is written off for members). A per-section plan giving ``tp > 1`` to a

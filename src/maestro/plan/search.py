@@ -159,10 +159,17 @@ def plan_maestro(
                 chosen.setdefault(key, (groups, units, est, combo, dp))
     mono = None
     if opts.include_monolithic and not ab.disaggregated:
-        try:
-            mono = plan_monolithic(samples, sections, cost_model, gpus, opts)
-        except ValueError:
-            mono = None
+        # Maestro's whole-model candidates run under its balancer and under token-count
+        # balance (maestro train runs both; the first can lose to the second on a batch)
+        for order in dict.fromkeys([opts.monolithic_order, "tokens"]):
+            try:
+                got = plan_monolithic(
+                    samples, sections, cost_model, gpus, replace(opts, monolithic_order=order)
+                )
+            except ValueError:
+                continue
+            if mono is None or _better(got.gpus, got.step_time, mono, opts.objective):
+                mono = got
     if not chosen and mono is None:
         if errors:
             raise ValueError(

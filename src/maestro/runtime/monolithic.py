@@ -34,6 +34,7 @@ from maestro.runtime.trace import Tracer
 from maestro.schedule.monolithic import (
     balanced_order,
     monolithic_schedule,
+    token_balanced_order,
     whole_micro_batches,
 )
 
@@ -85,6 +86,8 @@ class MonolithicWorker:
             if self.cost_model is not None:
                 units = [(s.name, s.frozen) for s in self.specs]
                 infos = balanced_order(infos, self.world, self.cost_model, units)
+            elif self.config.monolithic_order == "tokens":
+                infos = token_balanced_order(infos, self.world)
             sched = monolithic_schedule(
                 infos,
                 self.specs,
