@@ -39,10 +39,7 @@ def plan_monolithic(
     ``baseline=True``: the layout stands for another system (the baselines of
     ``maestro.plan.report.compare``): pipeline stages (``options.baseline_pp_choices``, 1F1B
     with its bubble) and context parallelism (``baseline_cp_choices``) are open to it, on
-    analytical models; a replica is then ``tp * pp * cp`` GPUs. Its data-parallel degree
-    is searched over the fewest that fit, the doublings from there, the estimate's best and
-    the whole budget, so a baseline, like Maestro, may use fewer GPUs than the budget when
-    that costs fewer GPU-hours.
+    analytical models; a replica is then ``tp * pp * cp`` GPUs.
 
     One (tp, fsdp, mbs, recompute) for all sections; ``dp = gpus // tp`` data-parallel
     ranks (``fsdp`` of them sharding one copy of the state; analytical models only, as
@@ -127,19 +124,16 @@ def plan_monolithic(
             dp += f
         if p.memory_limit is not None and mem_full - shard * (1 - 1 / dp) > p.memory_limit:
             continue
-        fewest = dp
         est = _mono_estimate(p, cm, width, work, longest, dp) + bubble
         while (
             dp < top and (nxt := _mono_estimate(p, cm, width, work, longest, dp + f) + bubble) < est
         ):
             dp, est = dp + f, nxt
-        sizes = {dp, top}
-        if baseline:  # the doublings from the fewest that fit: GPU-hours may favour fewer
-            d = fewest
-            while d < top:
-                sizes.add(d)
-                d *= 2
-        for d in sorted(sizes):
+        # (the same allocation rule as plan_maestro's: the fewest that fit, then more while
+        # the estimate shortens; and the whole budget. A sweep down to the fewest GPUs would
+        # hand the baselines a freedom Maestro's allocator does not have: under GPU-hours a
+        # single 8-GPU pipeline with 70 s steps then "wins")
+        for d in sorted({dp, top}):
             mem = mem_full - shard * (1 - 1 / d)
             e = _mono_estimate(p, cm, width, work, longest, d) + bubble
             cands.append((e, width, mbs, rc, d, mem, cm, f, tp, pp, cp, bubble))
