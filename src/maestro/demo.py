@@ -89,8 +89,11 @@ def _plan() -> None:
     """What the planner says about GPU-hours at scale (analytical H100 model)."""
     from maestro.cli import main as cli_main
 
-    print("maestro plan mllm --gpus 256 (paper-like MLLM on the analytical H100 model):")
-    cli_main(["plan", "mllm", "--gpus", "256", "--simulate-top", "1"])
+    print(
+        "maestro plan mllm --gpus 64 (the light MLLM scenario on the analytical H100 model; "
+        "bench/maestro_plan.py --part heavy plans the paper-like ones):"
+    )
+    cli_main(["plan", "mllm", "--gpus", "64", "--simulate-top", "1"])
     print(
         "   (the planner searches only what `maestro train` runs; the three baselines get the "
         "same whole-model search, FSDP and TP included, and differ in their sampler only: data "
@@ -105,7 +108,7 @@ STEPS = [
     ("environment", _info),
     ("exactness: a Maestro step equals a single-process step", _exactness),
     ("train: MLLM, wavefront vs fifo vs monolithic", _train_mllm),
-    ("plan: GPU-hours at 256 GPUs", _plan),
+    ("plan: GPU-hours at 64 GPUs", _plan),
 ]
 
 
