@@ -18,7 +18,7 @@ from maestro.plan.problem import (
     _simulate,
     _worst_features,
 )
-from maestro.plan.tpmodel import SectionStrategy
+from maestro.plan.tpmodel import SectionStrategy, one_f_one_b_bubble
 from maestro.schedule.types import SampleInfo, SectionSpec
 
 #: the shortest longest-sample for which the baselines' search offers context parallelism
@@ -108,7 +108,7 @@ def plan_monolithic(
             works[key] = (work, longest, per_mb)
         work, longest, per_mb = (x / pp for x in works[key])
         # 1F1B's fill and drain: (pp - 1) stage-times of a mean micro-batch per step
-        bubble = (pp - 1) * per_mb
+        bubble = one_f_one_b_bubble(pp, per_mb)
 
         # replicas: every GPU of the budget, and as plan_maestro allocates (the fewest that
         # fit, ZeRO-1 shrinking the optimizer state with more, then more while the estimate

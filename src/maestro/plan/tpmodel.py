@@ -92,6 +92,13 @@ class SectionStrategy:
         )
 
 
+def one_f_one_b_bubble(pp: int, stage_seconds: float) -> float:
+    """1F1B's fill and drain per step: ``pp - 1`` stage-times of one micro-batch's forward
+    and backward (Narayanan et al. 2021); the one formula the layout model and the
+    baselines' search (``plan.monolithic``) share."""
+    return (pp - 1) * stage_seconds
+
+
 def _ring(nbytes: float, n: int, bw: float, latency: float) -> float:
     """An all-gather or reduce-scatter of ``nbytes`` (the whole tensor) over ``n`` ranks."""
     if n <= 1 or nbytes <= 0:
@@ -241,7 +248,8 @@ class LayoutCostModel(CostModel):
         pp = self.strategy(section).pp
         if pp == 1:
             return 0.0
-        return (pp - 1) * (self.forward_time(section, feats) + self.backward_time(section, feats))
+        stage = self.forward_time(section, feats) + self.backward_time(section, feats)
+        return one_f_one_b_bubble(pp, stage)
 
     def forward_time(self, section: str, feats: Features) -> float:
         s = self.strategy(section)
