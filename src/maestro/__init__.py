@@ -10,7 +10,7 @@ first use, so ``import maestro.config`` stays free of torch; ``maestro.estimate(
 
 from maestro._version import __version__
 
-__all__ = ["Job", "Section", "SectionGraph", "__version__", "estimate"]
+__all__ = ["Job", "Parallelism", "Section", "SectionGraph", "__version__", "estimate"]
 
 
 def __getattr__(name: str):
@@ -22,6 +22,10 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module("maestro.estimate")
+    if name == "Parallelism":  # how a section's own blocks are sharded and split
+        from maestro.parallel.spec import Parallelism
+
+        return Parallelism
     if name in ("Section", "SectionGraph"):
         from maestro import sections
 

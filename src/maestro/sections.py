@@ -69,6 +69,9 @@ class Section:
             (see ``SectionForward``); defaults to ``default_forward``.
         loss: for a sink built on ``default_forward``: ``loss(outputs, sample) -> scalar``;
             its value becomes the sample's ``"loss"`` output.
+        parallel: how the module is parallelised (``maestro.Parallelism``: its blocks, for
+            FSDP, recompute and TP; its TP plan or ``parallelize`` function); ``None``: the
+            defaults of ``maestro.parallel.spec.find_blocks``.
     """
 
     def __init__(
@@ -81,6 +84,7 @@ class Section:
         activates_on: Callable[[Sample], bool] | None = None,
         forward: SectionForward | None = None,
         loss: Callable[[Outputs, Sample], torch.Tensor] | None = None,
+        parallel: Any = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"Section name must be a non-empty string, got {name!r}")
@@ -95,6 +99,13 @@ class Section:
             raise ValueError(f"section {name!r}: forward must be callable")
         if isinstance(inputs, str):
             raise ValueError(f"section {name!r}: inputs must be a list of names, not a string")
+        from maestro.parallel.spec import Parallelism
+
+        if parallel is not None and not isinstance(parallel, Parallelism):
+            raise ValueError(
+                f"section {name!r}: parallel must be a maestro.Parallelism, got "
+                f"{type(parallel).__name__}"
+            )
         self.name = name
         self.module = module
         self.inputs = tuple(inputs)
@@ -102,6 +113,7 @@ class Section:
         self.activates_on = activates_on
         self._forward = forward or default_forward
         self._loss = loss
+        self.parallel = parallel
         #: set by the job from the run's ``dtype``: bf16 autocast around the forward, and the
         #: dtype floating inputs are cast to (a bf16 frozen section's samples and inputs)
         self.autocast_dtype: torch.dtype | None = None
@@ -117,6 +129,7 @@ class Section:
             activates_on=self.activates_on,
             forward=self._forward,
             loss=self._loss,
+            parallel=self.parallel,
         )
         out.autocast_dtype, out.input_dtype = self.autocast_dtype, self.input_dtype
         return out

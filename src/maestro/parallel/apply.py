@@ -34,34 +34,31 @@ from torch import nn
 from maestro.parallel.mesh import SectionLayout
 
 
-def transformer_blocks(module: nn.Module) -> list[nn.Module]:
-    """The module's transformer blocks (FSDP units, TP and recompute targets), in order.
+def transformer_blocks(module: nn.Module, spec=None, where: str = "section") -> list[nn.Module]:
+    """The module's blocks (FSDP units, TP and recompute targets), in order, none nested.
 
-    The project's ``Block`` and Llama/Qwen2-style decoder layers are found wherever they sit;
-    nested blocks are not returned twice.
+    ``spec``: the section's ``maestro.Parallelism`` (its ``blocks``), else the defaults of
+    ``maestro.parallel.spec.find_blocks`` (Maestro's ``Block``, Llama/Qwen2-style decoder
+    layers, a Hugging Face model's ``_no_split_modules``, a ``ModuleList`` of identical
+    blocks).
     """
-    from maestro.parallel.tp import is_hf_decoder_layer
-    from maestro.workloads.layers import Block
+    from maestro.parallel.spec import find_blocks
 
-    found: list[nn.Module] = []
-    seen: set[int] = set()
-    for m in module.modules():
-        if id(m) in seen:
-            continue
-        if isinstance(m, Block) or is_hf_decoder_layer(m):
-            found.append(m)
-            seen.update(id(x) for x in m.modules())
-    return found
+    return find_blocks(module, spec, where)
 
 
-def module_tp_refusal(module: nn.Module, where: str = "section") -> str | None:
+def module_tp_refusal(module: nn.Module, where: str = "section", spec=None) -> str | None:
     """Why ``parallelize_section`` refuses ``tp > 1`` for ``module`` at any degree (the
     message of ``maestro.parallel.tp.tp_refusal`` over its ``transformer_blocks``), or
     ``None`` when it can split it. The planner asks this of a workload's modules (built on
     the ``meta`` device) so that it never plans ``tp > 1`` the runtime refuses."""
     from maestro.parallel.tp import tp_refusal
 
-    return tp_refusal(transformer_blocks(module), where)
+    try:
+        blocks = transformer_blocks(module, spec, where)
+    except ValueError as e:
+        return str(e)
+    return tp_refusal(blocks, where, spec)
 
 
 class SectionRoot(nn.Module):
@@ -86,7 +83,10 @@ def apply_recompute(blocks: list[nn.Module], where: str = "section") -> None:
     from torch.utils.checkpoint import checkpoint
 
     if not blocks:
-        raise ValueError(f"{where}.recompute: the section's module has no transformer block")
+        raise ValueError(
+            f"{where}.recompute: the section's module has no block to checkpoint; declare its "
+            "blocks: Section(..., parallel=maestro.Parallelism(blocks=[YourBlock]))"
+        )
 
     for blk in blocks:
         inner = blk.forward
@@ -192,12 +192,16 @@ def parallelize_section(
         where: the config table, for error messages.
     """
     module = section.module
-    blocks = transformer_blocks(module)
+    spec = getattr(section, "parallel", None)
+    blocks = transformer_blocks(module, spec, where)
     st = Strategy(layout=layout, mesh=mesh, blocks=blocks)
     if layout.tp > 1:
-        from maestro.parallel.tp import apply_tp
+        if spec is not None and spec.parallelize is not None:
+            spec.parallelize(module, mesh, layout)
+        else:
+            from maestro.parallel.tp import apply_tp
 
-        apply_tp(blocks, mesh["tp"], where)
+            apply_tp(blocks, mesh["tp"], where, spec)
     if sc.recompute and not section.frozen:
         apply_recompute(blocks, where)
     if layout.fsdp > 1:

@@ -152,39 +152,65 @@ def _check_divisible(block: nn.Module, tp: int, where: str) -> None:
         raise ValueError(f"{where}.tp must divide the MLP width ({width}), got {tp}")
 
 
-def tp_refusal(blocks: list[nn.Module], where: str = "section") -> str | None:
+def tp_refusal(blocks: list[nn.Module], where: str = "section", spec=None) -> str | None:
     """Why ``apply_tp`` refuses ``blocks`` at every ``tp > 1`` (its one-line ``ValueError``
-    message, naming ``where``), or ``None`` when each block has a plan (``plan_for``).
+    message, naming ``where``), or ``None`` when each block has a plan (the section's
+    ``maestro.Parallelism`` ``spec``, else ``plan_for``) that fits it.
 
     The one rule of which sections may be tensor-parallel at all: the runtime applies it in
     ``apply_tp``, the planner asks it of a workload's modules (``maestro.parallel.apply.
     module_tp_refusal``) before it gives a section ``tp > 1``. Degree-specific checks (heads
-    and MLP width dividing by ``tp``) come on top, in ``apply_tp``.
+    and widths dividing by ``tp``) come on top, in ``apply_tp``. A ``spec.parallelize``
+    function is never refused ahead: it raises its own errors.
     """
+    from maestro.parallel.spec import block_plan, check_user_plan
+
+    if spec is not None and spec.parallelize is not None:
+        return None
     if not blocks:
-        return f"{where}.tp: the section's module has no transformer block to split"
+        return (
+            f"{where}.tp: the section's module has no transformer block to split; declare "
+            "its blocks and TP plan: Section(..., parallel=maestro.Parallelism(blocks=..., "
+            "tp_plan=...))"
+        )
     for blk in blocks:
-        if plan_for(blk) is None:
+        plan = block_plan(blk, spec)
+        if plan is None:
             return (
                 f"{where}.tp: no tensor-parallel plan for {type(blk).__name__} (Maestro has "
-                "plans for its Block and Llama/Qwen2-style decoder layers)"
+                "plans for its Block and Llama/Qwen2-style decoder layers; give yours: "
+                "maestro.Parallelism(tp_plan=...))"
             )
+        if spec is not None and spec.tp_plan is not None:
+            try:
+                check_user_plan(blk, plan, spec, 1, where)
+            except ValueError as e:
+                return str(e)
     return None
 
 
-def apply_tp(blocks: list[nn.Module], tp_mesh: DeviceMesh, where: str = "section") -> None:
+def apply_tp(
+    blocks: list[nn.Module], tp_mesh: DeviceMesh, where: str = "section", spec=None
+) -> None:
     """Parallelise every block in place over the 1-D ``tp_mesh``.
 
     ``ValueError`` (naming ``where``, the config table) when there is no block, a block has
-    no plan (``tp_refusal``) or its heads or MLP width do not divide by the TP degree.
+    no plan (``tp_refusal``) or its heads or widths do not divide by the TP degree.
     """
+    from maestro.parallel.spec import block_plan, check_user_plan
+
     tp = tp_mesh.size()
-    why = tp_refusal(blocks, where)
+    why = tp_refusal(blocks, where, spec)
     if why is not None:
         raise ValueError(why)
+    user = spec is not None and spec.tp_plan is not None
     for blk in blocks:
-        _check_divisible(blk, tp, where)
-        parallelize_module(blk, tp_mesh, plan_for(blk), src_data_rank=None)
+        plan = block_plan(blk, spec)
+        if user:
+            check_user_plan(blk, plan, spec, tp, where)
+        else:
+            _check_divisible(blk, tp, where)
+        parallelize_module(blk, tp_mesh, plan, src_data_rank=None)
 
 
 def shard_placement(param: nn.Parameter):

@@ -207,7 +207,10 @@ def section_tp_plans(config) -> dict[str, bool]:
     module built on the ``meta`` device."""
     from maestro.parallel.apply import module_tp_refusal
 
-    return {sec.name: module_tp_refusal(sec.module) is None for sec in _meta_graph(config)}
+    return {
+        sec.name: module_tp_refusal(sec.module, spec=sec.parallel) is None
+        for sec in _meta_graph(config)
+    }
 
 
 def section_facts(config) -> dict:
@@ -225,13 +228,16 @@ def section_facts(config) -> dict:
     for sec in _meta_graph(config):
         params = list(sec.module.parameters())
         total = float(sum(q.numel() * q.element_size() for q in params))
-        blocks = transformer_blocks(sec.module)
+        try:
+            blocks = transformer_blocks(sec.module, sec.parallel, f"sections.{sec.name}")
+        except ValueError:
+            blocks = []  # the runtime says why, in one line, when the layout needs them
         if not blocks or total <= 0:
             continue
         in_blocks = float(sum(q.numel() * q.element_size() for b in blocks for q in b.parameters()))
         lin = next((m for m in blocks[0].modules() if isinstance(m, torch.nn.Linear)), None)
         hidden = lin.in_features if lin is not None else 0
-        heads = _tp_divisor(blocks[0])
+        heads = _tp_divisor(blocks[0], sec.parallel)
         trainable = not config.sections[sec.name].frozen
         grads = float(sum(q.numel() * q.element_size() for q in params if q.requires_grad))
         grads = grads if trainable else 0.0
@@ -245,15 +251,21 @@ def section_facts(config) -> dict:
             act_bytes=float(params[0].element_size()),
             # weights, gradients and AdamW's two moments
             state_bytes=total + 3.0 * grads if trainable else total,
-            tp_plan=module_tp_refusal(sec.module) is None,
+            tp_plan=module_tp_refusal(sec.module, spec=sec.parallel) is None,
         )
     return out
 
 
-def _tp_divisor(block) -> int:
+def _tp_divisor(block, spec=None) -> int:
     """The largest number every TP degree of ``block`` must divide (heads, key/value heads,
-    MLP width), as ``maestro.parallel.tp`` checks; 0 when unknown."""
+    MLP width), as ``maestro.parallel.tp`` checks (the section's ``Parallelism`` when it
+    gives a TP plan); 0 when unknown."""
     import math
+
+    if spec is not None and (spec.tp_plan is not None or spec.parallelize is not None):
+        from maestro.parallel.spec import plan_divisor
+
+        return plan_divisor(block, spec)
 
     heads = getattr(block, "heads", None)
     if heads is not None and hasattr(block, "fc1"):

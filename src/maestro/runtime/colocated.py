@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from maestro.runtime.failures import sink_loss
 from maestro.sections import Outputs, Sample, Section, SectionGraph
 
 SEP = "/"
@@ -472,7 +473,7 @@ def _group_section(
                     o2 = _scaled(o, leave_f)
                     outs[i].update({f"{m}{SEP}{k}": v for k, v in o2.items()})
                 if m in sinks:
-                    losses[i].append(_scaled({"loss": o["loss"]}, leave_f)["loss"])
+                    losses[i].append(_scaled({"loss": sink_loss(m, o)}, leave_f)["loss"])
         if sinks:
             for i, ls in enumerate(losses):
                 outs[i]["loss"] = torch.stack(ls).sum() if ls else torch.zeros(())
@@ -520,6 +521,7 @@ def _rewired(sec: Section, units: Mapping[str, list[str]], unit_inputs: Sequence
         activates_on=sec.activates_on,
         forward=forward,
         loss=sec._loss,
+        parallel=sec.parallel,
     )
     out.autocast_dtype, out.input_dtype = sec.autocast_dtype, sec.input_dtype
     return out

@@ -46,6 +46,7 @@ from maestro.config import TrainConfig, fmt_bytes, parse_bytes
 from maestro.costmodel import micro_batch_features
 from maestro.parallel import grads as pgrads
 from maestro.parallel.mesh import SectionLayout, build_section_mesh, section_layouts
+from maestro.runtime.failures import sink_loss
 from maestro.runtime.faults import NonFiniteError, kill_point, nonfinite_message, poison_factor
 from maestro.runtime.local import (
     batch_fingerprint,
@@ -242,7 +243,9 @@ class MaestroWorker:
                 if msc.recompute and not msc.frozen:
                     from maestro.parallel.apply import apply_recompute, transformer_blocks
 
-                    apply_recompute(transformer_blocks(self.real_graph[m].module), f"sections.{m}")
+                    sec_m = self.real_graph[m]
+                    where = f"sections.{m}"
+                    apply_recompute(transformer_blocks(sec_m.module, sec_m.parallel, where), where)
         #: the gradient-sum group over replicas of a TP-sharded section without FSDP
         self.dp_group = self.strategy.dp_group if self.strategy is not None else None
         self.params = [p for p in self.section.module.parameters() if p.requires_grad]
@@ -355,7 +358,8 @@ class MaestroWorker:
                 group = st.dp_group
             else:
                 if msc.recompute and not msc.frozen:
-                    apply_recompute(transformer_blocks(sec.module), f"sections.{m}")
+                    where = f"sections.{m}"
+                    apply_recompute(transformer_blocks(sec.module, sec.parallel, where), where)
                 group = comm["all"]
             if msc.frozen:
                 continue
@@ -512,7 +516,7 @@ class MaestroWorker:
             return None
         if self.graph.is_sink(self.name):
             with self.tracer.span(f"{self.name} pad bwd", "backward", mb=k, step=step):
-                self._backward([outs[0]["loss"] * 0.0], [None])
+                self._backward([sink_loss(self.name, outs[0]) * 0.0], [None])
             return None
         return outs
 
@@ -609,7 +613,7 @@ class MaestroWorker:
                 kill_point(step, self.rank)
             if sink:
                 with tr.span(f"{self.name} bwd", "backward", mb=k, step=step):
-                    per = [o["loss"] for o in outs]
+                    per = [sink_loss(self.name, o) for o in outs]
                     for i, sid in enumerate(ids):
                         f = poison_factor(step, sid)
                         if f is not None:
