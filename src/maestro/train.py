@@ -84,6 +84,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="NaN/inf loss or gradient: stop naming the section and step (default), or skip "
         "the step's update on every rank",
     )
+    p.add_argument(
+        "--debug",
+        action="store_true",
+        help="on a failure, print the full traceback (default: one line, and for an error in "
+        "your own code its frames only)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -181,18 +187,39 @@ def _report_emulation(cfg, args, result: dict) -> None:
         )
 
 
+def run_reporting(
+    args: argparse.Namespace, prog: str, command: str | None = None, argv: list[str] | None = None
+) -> int:
+    """``run(args)``, every failure reported as ``maestro.runtime.failures.report`` shows it
+    (a rank's death or a stop by SIGTERM/SIGINT with how to resume); the exit code.
+    ``command`` and ``argv``: the command line the resume hint repeats (default: ``prog``
+    and ``sys.argv[1:]`` less the sub-command)."""
+    from maestro.runtime.failures import RankFailed, Stopped, report, resume_hint
+
+    try:
+        return run(args)
+    except BaseException as e:
+        hint = None
+        if isinstance(e, (Stopped, RankFailed)):
+            if argv is None:
+                argv = sys.argv[1:]
+                if argv[:1] == ["train"]:
+                    argv = argv[1:]
+            hint = resume_hint(command or prog, argv, args.checkpoint_dir)
+        code = report(e, prog, debug=args.debug, hint=hint)
+        if code is None:
+            raise
+        return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m maestro.train", description=__doc__)
     add_arguments(parser)
     args = parser.parse_args(argv)
-    from maestro.runtime.faults import NonFiniteError
-
     try:
-        return run(args)
-    except NonFiniteError as e:
-        print(f"maestro.train: error: {e}", file=sys.stderr)
-        return 1
-    except (ValueError, FileNotFoundError) as e:
+        argv = sys.argv[1:] if argv is None else argv
+        return run_reporting(args, "maestro.train", "python -m maestro.train", argv)
+    except (ValueError, FileNotFoundError, NotADirectoryError) as e:
         print(f"maestro.train: error: {e}", file=sys.stderr)
         return 2
 

@@ -19,13 +19,6 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
+    from maestro.train import run_reporting
 
-    from maestro.runtime.faults import NonFiniteError
-    from maestro.train import run as train_run
-
-    try:
-        return train_run(args)
-    except NonFiniteError as e:
-        print(f"maestro train: error: {e}", file=sys.stderr)
-        return 1
+    return run_reporting(args, "maestro train")

@@ -9,8 +9,11 @@ Rank 0 returns (and writes, when asked) a result dict: losses, samples/s, busy f
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import socket
+import sys
 import tempfile
 import time
 from collections import deque
@@ -137,6 +140,11 @@ def worker_main(config: TrainConfig, opts: RunOptions) -> dict | None:
     )
     try:
         return _train(config, opts, rank, world, device)
+    except Exception as e:
+        # before the process group goes: a peer that then loses its connection fails after
+        # this report is in place, so the launcher sees the real error first
+        _note_failure(e, rank)
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -151,6 +159,8 @@ def _train(config, opts, rank, world, device) -> dict | None:
     worker = cls(config, rank, world, device, tracer)
     worker.on_nonfinite = opts.on_nonfinite
     tracer.label = worker.label
+    if _PROGRESS is not None:
+        _PROGRESS.set(section=worker.label)
     start, prior_losses, log = _resume(config, opts, rank, worker)
     labels = [None] * world
     dist.all_gather_object(labels, worker.label)
@@ -191,6 +201,8 @@ def _train(config, opts, rank, world, device) -> dict | None:
             bar.update(1)
 
     for step in range(start, config.steps):
+        if _PROGRESS is not None:
+            _PROGRESS.set(step=step)
         if step == warm:
             # every rank starts the timed window together (a frozen section may run ahead
             # later, but not across the window's start)
@@ -423,15 +435,72 @@ def summary_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _reraise_rank_error(e: Exception) -> None:
-    """Re-raise a rank's ``ValueError``/``NonFiniteError`` as itself (one line for the CLI)."""
-    from maestro.runtime.faults import NonFiniteError
+#: set in a spawned rank (``_spawn_entry``): where it reports its step and its failure
+_PROGRESS = None
+_REPORT_DIR: str | None = None
 
-    last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
-    for cls in (NonFiniteError, ValueError):
-        for prefix in (f"{cls.__module__}.{cls.__name__}: ", f"{cls.__name__}: "):
-            if last.startswith(prefix):
-                raise cls(last[len(prefix) :]) from None
+
+def _note_failure(e: BaseException, rank: int):
+    """In a spawned rank, write ``e`` (classified) for the launcher, once; its ``Failure``."""
+    from maestro.runtime import failures
+
+    if _REPORT_DIR is None:
+        return None
+    noted = getattr(e, "_maestro_failure", None)
+    if noted is not None:
+        return noted
+    try:
+        f = failures.classify(e)
+        f.rank = rank
+        if _PROGRESS is not None:
+            f.step, f.section = _PROGRESS.step, _PROGRESS.section
+        failures.write_report(_REPORT_DIR, rank, f)
+        e._maestro_failure = f
+        return f
+    except Exception:  # the report is a courtesy: the rank's own error comes back anyway
+        return None
+
+
+def _die_with_launcher(launcher_pid: int | None) -> None:
+    """This rank gets SIGKILL when the launcher dies, even by SIGKILL (its own handler stops
+    the ranks on SIGTERM/SIGINT): on Linux when its parent dies (``PR_SET_PDEATHSIG``: the
+    launcher under spawn, the fork server under forkserver), and when the launcher's process
+    ends (a watcher thread on a pidfd, else polling) since a fork server outlives the
+    launcher for as long as any rank it forked runs."""
+    import threading
+
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if launcher_pid is None:
+        return
+
+    def watch() -> None:
+        import select
+
+        try:
+            fd = os.pidfd_open(launcher_pid)
+        except (AttributeError, OSError):
+            fd = None
+        if fd is not None:
+            select.select([fd], [], [])
+        else:
+            while True:
+                try:
+                    os.kill(launcher_pid, 0)
+                except ProcessLookupError:
+                    break
+                except OSError:
+                    pass
+                time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="maestro-launcher-watch", daemon=True).start()
 
 
 def _parent_state(method: str):
@@ -467,8 +536,18 @@ def _take_parent_state(state) -> None:
 
 
 def _spawn_entry(
-    local_rank: int, world: int, port: int, cfg: dict, opts: RunOptions, state=None
+    local_rank: int,
+    world: int,
+    port: int,
+    cfg: dict,
+    opts: RunOptions,
+    state=None,
+    report_dir: str | None = None,
+    launcher_pid: int | None = None,
 ) -> None:
+    global _PROGRESS, _REPORT_DIR
+
+    _die_with_launcher(launcher_pid)
     _take_parent_state(state)
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -477,7 +556,21 @@ def _spawn_entry(
         WORLD_SIZE=str(world),
         LOCAL_RANK=str(local_rank),
     )
-    worker_main(from_dict(cfg), opts)
+    if report_dir is not None:
+        from maestro.runtime.failures import Progress, progress_path
+
+        _REPORT_DIR = report_dir
+        _PROGRESS = Progress(progress_path(report_dir, local_rank))
+    try:
+        worker_main(from_dict(cfg), opts)
+    except Exception as e:
+        f = _note_failure(e, local_rank)
+        linger = os.environ.get("MAESTRO_FAULT_LINGER_S")
+        if linger and f is not None and f.kind != "secondary":
+            # test hook (maestro.runtime.faults): the failing rank exits late, so the
+            # launcher first sees a peer's lost connection
+            time.sleep(float(linger))
+        raise
 
 
 #: what the fork server imports once, so each rank forks with them loaded (seconds per rank)
@@ -508,11 +601,13 @@ def launch(
 ) -> dict:
     """Spawn ``nproc`` local ranks (default: ``sum(dp)``), train, and return rank 0's result.
 
-    ``ValueError`` when a Maestro run's ``sum(dp)`` differs from ``nproc``; ``TimeoutError``
-    (after terminating the ranks) when the run exceeds ``timeout_s``.
+    ``ValueError`` when a Maestro run's ``sum(dp)`` differs from ``nproc``, or a rank's config
+    error; ``NonFiniteError`` as a rank raised it; ``failures.RankFailed`` when a rank raised
+    anything else (the first real error, not a peer's lost connection) or died;
+    ``TimeoutError`` (after terminating the ranks) when the run exceeds ``timeout_s``;
+    ``failures.Stopped`` when SIGTERM or SIGINT reached this process (called from the main
+    thread): every rank is then stopped (SIGTERM, SIGKILL after 2 s) before it propagates.
     """
-    import torch.multiprocessing as mp
-
     opts = opts or RunOptions()
     nproc = config.world_size if nproc is None else nproc
     if nproc < 1:
@@ -521,25 +616,175 @@ def launch(
         config.check_world_size(nproc)
     opts.validate()
     method = _start_method()
-    with tempfile.TemporaryDirectory() as tmp:
+    # torch warns for each rank it terminates after another failed: the launcher's report
+    # says what failed
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+    level = spawn_log.level
+    spawn_log.setLevel(logging.ERROR)
+    try:
+        return _launch(config, nproc, opts, timeout_s, method)
+    finally:
+        spawn_log.setLevel(level)
+
+
+def _launch(config, nproc: int, opts: RunOptions, timeout_s: float, method: str) -> dict:
+    import torch.multiprocessing as mp
+
+    from maestro.runtime.failures import Stopped
+
+    with tempfile.TemporaryDirectory() as tmp, _stop_on_signals():
         result_path = opts.result or str(Path(tmp) / "result.json")
         run_opts = RunOptions(**{**opts.__dict__, "result": result_path})
-        ctx = mp.start_processes(
-            _spawn_entry,
-            args=(nproc, free_port(), config.to_dict(), run_opts, _parent_state(method)),
-            nprocs=nproc,
-            join=False,
-            start_method=method,
-        )
-        deadline = time.time() + timeout_s
+        ctx = None
         try:
+            ctx = mp.start_processes(
+                _spawn_entry,
+                args=(
+                    nproc,
+                    free_port(),
+                    config.to_dict(),
+                    run_opts,
+                    _parent_state(method),
+                    tmp,
+                    os.getpid(),
+                ),
+                nprocs=nproc,
+                join=False,
+                start_method=method,
+            )
+            deadline = time.time() + timeout_s
             while not ctx.join(timeout=1.0):
                 if time.time() > deadline:
                     for p in ctx.processes:
                         if p.is_alive():
                             p.terminate()
                     raise TimeoutError(f"training did not finish within {timeout_s:.0f} s")
-        except mp.ProcessRaisedException as e:
-            _reraise_rank_error(e)
+        except Stopped as e:
+            _stop_ranks(ctx.processes if ctx is not None else None)
+            e.step = _current_step(tmp, nproc)
+            raise
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            _raise_rank_failure(e, tmp, nproc, ctx)
             raise
         return json.loads(Path(result_path).read_text())
+
+
+class _stop_on_signals:
+    """While open (main thread only): SIGTERM and SIGINT raise ``Stopped`` once, then are
+    ignored until the launcher has stopped its ranks; the previous handlers come back after."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __enter__(self):
+        import threading
+
+        self.saved = {}
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in self.SIGNALS:
+            self.saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        from maestro.runtime.failures import Stopped
+
+        for sig in self.saved:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    def __exit__(self, *exc):
+        for sig, old in self.saved.items():
+            signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        return False
+
+
+def _stop_ranks(processes, grace_s: float = 2.0) -> None:
+    """SIGTERM every rank, SIGKILL what is left after ``grace_s``, then stop (and reap) the
+    fork server and the resource tracker, so nothing outlives the launcher."""
+    import multiprocessing as std_mp
+    from multiprocessing import forkserver, resource_tracker
+
+    procs = list(processes) if processes is not None else std_mp.active_children()
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    end = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+        p.join(1.0)
+    # both helpers exit when their "alive" pipe closes (private attributes: best effort)
+    for helper, fd_attr, pid_attr in (
+        (getattr(forkserver, "_forkserver", None), "_forkserver_alive_fd", "_forkserver_pid"),
+        (getattr(resource_tracker, "_resource_tracker", None), "_fd", "_pid"),
+    ):
+        fd, pid = getattr(helper, fd_attr, None), getattr(helper, pid_attr, None)
+        if fd is None or pid is None:
+            continue
+        try:
+            os.close(fd)
+            setattr(helper, fd_attr, None)
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    setattr(helper, pid_attr, None)
+                    break
+                time.sleep(0.02)
+        except (OSError, AttributeError):
+            pass
+
+
+def _current_step(report_dir: str, nproc: int) -> int | None:
+    """The lowest step a rank was in (``None`` before the first step)."""
+    from maestro.runtime.failures import Progress, progress_path
+
+    steps = [Progress.read(progress_path(report_dir, r)).get("step") for r in range(nproc)]
+    steps = [s for s in steps if s is not None]
+    return min(steps) if steps else None
+
+
+def _raise_rank_failure(e: Exception, report_dir: str, nproc: int, ctx) -> None:
+    """Raise what the ranks' reports say failed first: a config error as ``ValueError``, a
+    non-finite step as ``NonFiniteError``, anything else as ``RankFailed``."""
+    from maestro.runtime import failures
+    from maestro.runtime.faults import NonFiniteError
+
+    reports = failures.read_reports(report_dir, nproc)
+    reported = {f.rank for f in reports}
+    # the rank that exited first without a report (torch's pick), else any that exited
+    # non-zero without one; the ranks torch's clean-up terminated exit by SIGTERM: no cause
+    dead = []
+    first = getattr(e, "error_index", None)
+    if first is not None and first not in reported and ctx is not None:
+        dead.append(first)
+    for r, p in enumerate(ctx.processes if ctx is not None else ()):
+        if p.exitcode not in (None, 0, -signal.SIGTERM) and r not in reported and r not in dead:
+            dead.append(r)
+    died = None
+    if dead:
+        r = dead[0]
+        progress = failures.Progress.read(failures.progress_path(report_dir, r))
+        died = failures.death(r, ctx.processes[r].exitcode, progress)
+    f = failures.pick(reports, died)
+    if f is None:
+        _reraise_rank_error(e)
+        return
+    if f.kind == "config":
+        raise ValueError(f.message) from None
+    if f.kind == "nonfinite":
+        raise NonFiniteError(f.message) from None
+    raise failures.RankFailed(f) from None
+
+
+def _reraise_rank_error(e: Exception) -> None:
+    """Re-raise a rank's ``ValueError``/``NonFiniteError`` (from its traceback text, when it
+    left no report) as itself (one line for the CLI)."""
+    from maestro.runtime.faults import NonFiniteError
+
+    last = str(e).strip().splitlines()[-1] if str(e).strip() else ""
+    for cls in (NonFiniteError, ValueError):
+        for prefix in (f"{cls.__module__}.{cls.__name__}: ", f"{cls.__name__}: "):
+            if last.startswith(prefix):
+                raise cls(last[len(prefix) :]) from None

@@ -1,0 +1,279 @@
+"""Issue 31 item 4: every failure of ``maestro train`` is a clear message (real processes).
+
+A user's job (a module next to the TOML: an embedding section feeding a trainable sink) fails
+in the ways a run fails: an exception in the user's forward, a sink returning no loss, a
+config error found on one rank only, a rank killed or exiting, and SIGTERM/SIGINT/SIGKILL sent
+to the launcher alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from maestro.runtime import checkpoint as ck
+from maestro.runtime import failures
+
+BIN = Path(sys.executable).parent
+
+JOB = textwrap.dedent(
+    """
+    import os
+
+    import torch
+    from torch import nn
+
+    from maestro import Job, Section
+
+    MODE = os.environ.get("USERJOB_MODE", "")
+
+
+    class Emb(nn.Module):
+        def __init__(self, vocab, dim):
+            super().__init__()
+            self.emb = nn.Embedding(vocab, dim)
+
+        def forward(self, ids):
+            return self.emb(ids)
+
+
+    class Head(nn.Module):
+        def __init__(self, vocab, dim):
+            super().__init__()
+            self.out = nn.Linear(dim, vocab)
+
+        def forward(self, h):
+            return self.out(torch.tanh(h))
+
+
+    def encode(module, samples, inputs):
+        return [{"h": module(s["input_ids"])} for s in samples]
+
+
+    def parse_width(text):
+        return int(text)
+
+
+    def learn(module, samples, inputs):
+        outs = []
+        for s, e in zip(samples, inputs["enc"]):
+            logits = module(e["h"][:-1])
+            if MODE == "value":
+                parse_width("wide")
+            if MODE == "exit":
+                os._exit(3)
+            loss = nn.functional.cross_entropy(logits, s["input_ids"][1:], reduction="sum")
+            outs.append({"logits": logits} if MODE == "noloss" else {"loss": loss})
+        return outs
+
+
+    def job(config):
+        w = config.model
+        g = torch.Generator().manual_seed(0)
+        records = []
+        for _ in range(32):
+            n = int(torch.randint(3, 9, (1,), generator=g))
+            records.append({"input_ids": torch.randint(0, w["vocab"], (n,), generator=g).tolist()})
+        return Job(
+            [
+                Section("enc", lambda: Emb(w["vocab"], w["dim"]), forward=encode),
+                Section("student", lambda: Head(w["vocab"], w["dim"]), inputs=["enc"],
+                        forward=learn),
+            ],
+            dataset=records,
+        )
+    """
+)
+
+
+def write_run(tmp_path, enc_dp=1, student="", steps=3):
+    (tmp_path / "userjob.py").write_text(JOB)
+    path = tmp_path / "run.toml"
+    path.write_text(
+        f"""
+global_batch = 4
+steps = {steps}
+dtype = "float32"
+threads = 1
+[workload]
+name = "userjob:job"
+vocab = 16
+dim = 8
+[sections.enc]
+dp = {enc_dp}
+micro_batch_size = 4
+[sections.student]
+dp = 1
+micro_batch_size = 2
+{student}
+"""
+    )
+    return path
+
+
+def _env(**kw):
+    return {**os.environ, "OMP_NUM_THREADS": "1", **kw}
+
+
+def train(path, *args, env=None):
+    cmd = [str(BIN / "maestro"), "train", str(path), "--device", "cpu", "--quiet", *args]
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, env=env or _env(), cwd=path.parent
+    )
+
+
+def test_error_in_user_forward_shows_the_users_frames(tmp_path):
+    path = write_run(tmp_path)
+    r = train(path, env=_env(USERJOB_MODE="value"))
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert (
+        "maestro train: error: rank 1 (student[0]) at step 0: ValueError: invalid literal for "
+        "int() with base 10: 'wide'" in lines
+    ), r.stderr
+    job = str(tmp_path / "userjob.py")
+    assert f'  File "{job}", line 43, in learn' in lines  # parse_width("wide")
+    assert f'  File "{job}", line 35, in parse_width' in lines  # return int(text)
+    assert "maestro/runtime" not in r.stderr and "Traceback" not in r.stderr
+    assert lines[-1].startswith("maestro train: no checkpoint to resume from")
+    # --debug: the full traceback, maestro's frames included
+    r = train(path, "--debug", env=_env(USERJOB_MODE="value"))
+    assert r.returncode == 1
+    assert "Traceback (most recent call last)" in r.stderr
+    assert "maestro/runtime/executor.py" in r.stderr and f'File "{job}", line 35' in r.stderr
+
+
+def test_sink_without_loss_names_the_section_in_one_line(tmp_path):
+    path = write_run(tmp_path)
+    r = train(path, env=_env(USERJOB_MODE="noloss"))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "maestro train: error: section 'student' is a sink: its forward must return a "
+        "\"loss\" per sample; got keys ['logits']"
+    )
+    assert "Traceback" not in r.stderr and "KeyError" not in r.stderr
+
+
+def test_config_error_on_one_rank_beats_the_peers_lost_connections(tmp_path):
+    """enc on ranks 0-1, student (recompute without a transformer block) on rank 2 alone; the
+    failing rank exits 3 s late (test hook) so the launcher first sees rank 0's gloo error."""
+    path = write_run(tmp_path, enc_dp=2, student="recompute = true")
+    r = train(path, "--nproc", "3", env=_env(MAESTRO_FAULT_LINGER_S="3"))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert lines[0].startswith("maestro train: error: sections.student.recompute: ")
+    assert "no block" in lines[0]
+
+
+@pytest.mark.parametrize("how", ["killed", "exit"])
+def test_dead_rank_is_one_line_with_the_resume_hint(tmp_path, how):
+    path = write_run(tmp_path)
+    if how == "killed":  # rank 1 (student) SIGKILLs itself mid-step 1
+        env = _env(MAESTRO_FAULT_KILL_AT_STEP="1")
+        args = ["--checkpoint-every", "1", "--checkpoint-dir", "ck"]
+        want = (
+            "maestro train: error: rank 1 (student[0]) was killed by SIGKILL at step 1; "
+            f"resume with: maestro train {path} --device cpu --quiet --checkpoint-every 1 "
+            "--checkpoint-dir ck --resume"
+        )
+    else:  # the user's forward calls os._exit(3): no Python exception
+        env, args = _env(USERJOB_MODE="exit"), []
+        want = (
+            "maestro train: error: rank 1 (student[0]) exited with code 3 at step 0; no "
+            "checkpoint to resume from (--checkpoint-every K --checkpoint-dir D makes a run "
+            "resumable)"
+        )
+    r = train(path, *args, env=env)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip().splitlines() == [want]
+
+
+def _running(procs):
+    alive = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def _start_long_run(tmp_path):
+    path = write_run(tmp_path, steps=100000)
+    err = open(tmp_path / "stderr.txt", "w")
+    cmd = [str(BIN / "maestro"), "train", str(path), "--device", "cpu", "--quiet"]
+    cmd += ["--checkpoint-every", "5", "--checkpoint-dir", "ck"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=_env(), cwd=tmp_path)
+    deadline = time.time() + 60
+    while ck.latest(tmp_path / "ck") is None:  # training has started: a checkpoint is written
+        assert proc.poll() is None, (tmp_path / "stderr.txt").read_text()
+        assert time.time() < deadline, "no checkpoint within 60 s"
+        time.sleep(0.2)
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert len(children) >= 2  # the ranks (and the fork server, the resource tracker)
+    return path, proc, children, err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_the_launcher_stops_every_rank(tmp_path, sig):
+    path, proc, children, err = _start_long_run(tmp_path)
+    t0 = time.time()
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=8)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        err.close()
+    took = time.time() - t0
+    _, alive = psutil.wait_procs(_running(children), timeout=3)
+    assert not _running(alive), [p.cmdline()[:3] for p in _running(alive)]
+    assert took < 8
+    assert proc.returncode == 128 + sig
+    out = (tmp_path / "stderr.txt").read_text().splitlines()
+    line = [ln for ln in out if ln.startswith("maestro train: stopped")]
+    assert len(line) == 1, out[-5:]
+    assert line[0].startswith(f"maestro train: stopped by {sig.name} at step ")
+    assert line[0].endswith(
+        f"; resume with: maestro train {path} --device cpu --quiet --checkpoint-every 5 "
+        "--checkpoint-dir ck --resume"
+    )
+    assert "Traceback" not in "\n".join(out)
+
+
+def test_launcher_killed_outright_takes_its_ranks_along(tmp_path):
+    _, proc, children, err = _start_long_run(tmp_path)
+    proc.kill()
+    proc.wait(timeout=5)
+    err.close()
+    _, alive = psutil.wait_procs(_running(children), timeout=5)
+    assert not _running(alive), [p.cmdline()[:3] for p in _running(alive)]
+
+
+def test_pick_prefers_a_real_error_over_lost_connections():
+    lost = failures.Failure("secondary", "RuntimeError", "Connection closed by peer", time=1.0)
+    real = failures.Failure("config", "ValueError", "sections.x.tp must divide", time=2.0)
+    died = failures.death(1, -9, {"step": 4, "section": "student[0]"})
+    assert failures.pick([lost, real], died) is real
+    assert failures.pick([lost], died) is died
+    assert failures.pick([lost]) is lost
+    assert failures.summary(died) == "rank 1 (student[0]) was killed by SIGKILL at step 4"
+    try:
+        raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:1234")
+    except RuntimeError as e:
+        assert failures.classify(e).kind == "secondary"
+    try:
+        int("x")  # raised in this (the user's) file
+    except ValueError as e:
+        f = failures.classify(e)
+        assert f.kind == "user" and "test_train_failures.py" in f.user_tb
