@@ -285,7 +285,9 @@ def test_plan_toml_writes_each_baselines_sampler(kd16):
 
 
 def test_plan_cli_names_all_three_baselines(capsys):
-    assert main(["plan", "kd", "--gpus", "64"]) == 0
+    # 16 GPUs: the same table as at 64, in a quarter of the time (four searches and the
+    # GPUs-to-match bisection on the kernel-level cost model)
+    assert main(["plan", "kd", "--gpus", "16"]) == 0
     text = capsys.readouterr().out
     for b in BASELINES:
         row = next(line for line in text.splitlines() if line.startswith(b.label + "  "))

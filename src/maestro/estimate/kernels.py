@@ -47,6 +47,22 @@ def gemm_time(m: float, n: float, k: float, hw: Hardware, eff: float) -> float:
     """
     if m <= 0 or n <= 0 or k <= 0:
         return 0.0
+    # a pure function of its shape: memoised per Hardware instance (the planner prices the
+    # same per-GPU shapes millions of times; a dict lookup is ~10x cheaper than the formula)
+    cache = hw.__dict__.get("_gemm_memo")
+    if cache is None:
+        cache = {}
+        object.__setattr__(hw, "_gemm_memo", cache)  # frozen: not a field, eq/hash unchanged
+    key = (m, n, k, eff)
+    got = cache.get(key)
+    if got is None:
+        if len(cache) > 1 << 20:  # bounded: ~150 MB at most
+            cache.clear()
+        got = cache[key] = _gemm_time(m, n, k, hw, eff)
+    return got
+
+
+def _gemm_time(m: float, n: float, k: float, hw: Hardware, eff: float) -> float:
     # cuBLAS picks smaller tiles for skinny shapes and splits K when the tiles cannot fill
     # the SMs; what stays lost is the padded edge of the tiles and the last wave's idle SMs
     tm = min(TILE_M, 2 ** math.ceil(math.log2(max(m, 16))))
