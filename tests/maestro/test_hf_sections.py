@@ -3,6 +3,7 @@
 Tiny random-weight models built from configs; nothing is downloaded (``local_files_only``).
 """
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -350,3 +351,67 @@ def test_example_kd_teacher_is_about_four_times_the_student(tmp_path):
     ds = get_workload(mllm).dataset
     text_share = sum("image" not in r for r in ds.records) / len(ds)
     assert 0.3 <= text_share <= 0.5
+
+
+def _saved_kd_run(tmp_path):
+    """The shipped hf_kd example with teacher and student loaded from ``save_pretrained``
+    directories, as a user with real checkpoints runs it."""
+    import shutil
+
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    ex = tmp_path / "hf_kd"
+    shutil.copytree(Path(__file__).resolve().parents[2] / "examples" / "hf_kd", ex)
+    for name, h in (("teacher", 32), ("student", 16)):
+        cfg = LlamaConfig(
+            vocab_size=64,
+            hidden_size=h,
+            intermediate_size=2 * h,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            tie_word_embeddings=False,
+        )
+        AutoModelForCausalLM.from_config(cfg).save_pretrained(ex / name)
+    text = (ex / "hf_kd.toml").read_text()
+    text = text.replace("steps = 20", "steps = 2").replace("vocab_size = 256", "vocab_size = 64")
+    text = text.replace(
+        "max_length = 128", 'max_length = 32\nteacher_path = "teacher"\nstudent_path = "student"'
+    )
+    (ex / "run.toml").write_text(text)
+    spec = importlib.util.spec_from_file_location("hf_kd_make_data", ex / "make_data.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.write(ex / "data" / "train.jsonl", 32, 64, 4, 24, seed=1)
+    return ex / "run.toml"
+
+
+def test_saved_checkpoints_are_priced_on_meta_without_fallback(tmp_path, capfd):
+    """Sections loaded from save_pretrained directories build on the meta device from their
+    config (plan, simulate, the scheduler's FLOP count), and the HF KD forwards count there:
+    no traceback and no 'priced by tokens' fallback."""
+    from maestro import config as C
+    from maestro.plan.workload import section_facts, section_tp_plans
+    from maestro.runtime.costs import flop_cost_model
+
+    cfg = C.load(_saved_kd_run(tmp_path))
+    capfd.readouterr()
+    model = flop_cost_model(cfg)
+    err = capfd.readouterr().err
+    assert "cost estimate" not in err, err
+    for name in ("teacher", "student"):
+        # counted FLOPs grow with the attention's squared lengths, not 2 x params x tokens
+        assert model.forward_flops[name].coef.get("tokens_sq", 0.0) > 0
+    assert section_tp_plans(cfg) == {"teacher": True, "student": True}
+    facts = section_facts(cfg)
+    assert facts["student"].blocks == 2 and facts["teacher"].hidden == 32
+
+
+def test_plan_cli_on_saved_checkpoints(tmp_path, capsys):
+    from maestro.cli import main
+
+    path = _saved_kd_run(tmp_path)
+    assert main(["plan", str(path), "--simulate-top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "maestro " in out and "conventional (a)" in out

@@ -129,7 +129,8 @@ def kd_loss(
     else:
         log_pt = F.log_softmax(_wide(teacher["top_values"]) / temperature, dim=-1)
         kl = (log_pt.exp() * (log_pt - log_ps.gather(-1, teacher["top_indices"]))).sum(-1)
-    return loss + alpha * temperature**2 * kl[keep].sum()
+    # a masked sum, not kl[keep]: boolean indexing has no meta kernel (the FLOP count)
+    return loss + alpha * temperature**2 * torch.where(keep, kl, 0.0).sum()
 
 
 def kd_student_forward(

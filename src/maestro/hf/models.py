@@ -57,6 +57,22 @@ class ModelFactory:
         return f"ModelFactory({self.what})"
 
 
+def _on_meta() -> bool:
+    """Whether modules are being built under ``with torch.device("meta")`` (the planner's and
+    the cost estimate's shape-only build): ``from_pretrained`` cannot load weights there, so
+    local directories are built from their config instead (same architecture, no weights)."""
+    import torch
+
+    return torch.empty(()).device.type == "meta"
+
+
+def _meta_kw(kwargs: dict) -> dict:
+    """``from_config`` arguments for a shape-only build: eager attention, whose mask needs no
+    ``.item()`` (SDPA's mask checks whether it may skip the mask by reading its values, which
+    meta tensors do not have). Same matmuls, so the same FLOP count."""
+    return {**kwargs, "attn_implementation": "eager"}
+
+
 def _as_config(source: Any, where: str):
     """A transformers ``PretrainedConfig`` from a config object or a dict with ``model_type``."""
     from transformers import AutoConfig, PretrainedConfig
@@ -117,6 +133,8 @@ def causal_lm(source: Any, **kwargs) -> ModelFactory:
         config = _local_config(path)
 
         def build() -> nn.Module:
+            if _on_meta():
+                return AutoModelForCausalLM.from_config(copy.deepcopy(config), **_meta_kw(kwargs))
             return AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, **kwargs)
 
         what = f"causal LM from {path}"
@@ -124,7 +142,8 @@ def causal_lm(source: Any, **kwargs) -> ModelFactory:
         config = _as_config(source, "causal_lm")
 
         def build() -> nn.Module:
-            return AutoModelForCausalLM.from_config(copy.deepcopy(config), **kwargs)
+            kw = _meta_kw(kwargs) if _on_meta() else kwargs
+            return AutoModelForCausalLM.from_config(copy.deepcopy(config), **kw)
 
         what = f"causal LM {config.model_type}"
     return ModelFactory(
@@ -223,7 +242,7 @@ def vision_tower(source: Any, out_dim: int, *, feature_layer: int = -1, **kwargs
     enc_dim = int(vconfig.hidden_size)
 
     def build() -> nn.Module:
-        if path is not None:
+        if path is not None and not _on_meta():
             enc = cls.from_pretrained(str(path), local_files_only=True, **kwargs)
         else:
             enc = cls._from_config(copy.deepcopy(vconfig), **kwargs)
@@ -277,7 +296,7 @@ def audio_tower(source: Any, out_dim: int, **kwargs) -> ModelFactory:
     enc_dim = int(config.d_model)
 
     def build() -> nn.Module:
-        if path is not None:
+        if path is not None and not _on_meta():
             model = WhisperModel.from_pretrained(str(path), local_files_only=True, **kwargs)
             enc = model.get_encoder()
         else:
