@@ -415,3 +415,32 @@ def test_plan_cli_on_saved_checkpoints(tmp_path, capsys):
     assert main(["plan", str(path), "--simulate-top", "1"]) == 0
     out = capsys.readouterr().out
     assert "maestro " in out and "conventional (a)" in out
+
+
+def test_shipped_hf_examples_are_counted_on_meta(tmp_path, capfd):
+    """The shipped hf_kd and hf_mllm examples (config-built models) are priced by their
+    counted FLOPs: no per-run 'priced by tokens' fallback line."""
+    import shutil
+
+    from maestro import config as C
+    from maestro.runtime.costs import flop_cost_model
+
+    root = Path(__file__).resolve().parents[2] / "examples"
+    for name, toml, sink in (
+        ("hf_kd", "hf_kd.toml", "student"),
+        ("hf_mllm", "hf_mllm.toml", "llm"),
+    ):
+        ex = tmp_path / name
+        shutil.copytree(root / name, ex)
+        spec = importlib.util.spec_from_file_location(f"{name}_make_data", ex / "make_data.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        if name == "hf_kd":
+            mod.write(ex / "data" / "train.jsonl", 32, 256, 4, 24, seed=1)
+        else:
+            mod.write(ex / "data", 32, 256, 0.4, 4, 24, 32)
+        capfd.readouterr()
+        model = flop_cost_model(C.load(ex / toml))
+        err = capfd.readouterr().err
+        assert "cost estimate" not in err, (name, err)
+        assert model.forward_flops[sink].coef.get("tokens_sq", 0.0) > 0, name
