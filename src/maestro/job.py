@@ -236,6 +236,10 @@ class Job:
             if bf16:
                 sec.autocast_dtype = torch.bfloat16
                 sec.input_dtype = torch.bfloat16 if s.frozen else None
+            elif self.config.dtype == "float64":
+                # the default collate makes float lists float32; a float64 run's modules
+                # take float64 inputs (integer ids untouched)
+                sec.input_dtype = torch.float64
             out.append(sec)
         return SectionGraph(out)
 

@@ -371,3 +371,37 @@ def test_data_order_is_an_endless_seeded_sequence_and_order_hook(tmp_path):
     )
     with pytest.raises(ValueError, match=r"epoch 0's order is not a permutation"):
         bad.indices(0)
+
+
+FLOAT_JOB = """
+import torch
+from torch import nn
+from maestro import Job, Section
+
+
+def job(config):
+    records = [{"x": [float(i), 0.5, -1.0], "y": [float(i % 2)]} for i in range(8)]
+
+    def fwd(module, samples, inputs):
+        # float lists arrive as tensors in the run's dtype (float64 here), not float32
+        return [{"loss": ((module(s["x"]) - s["y"]) ** 2).sum()} for s in samples]
+
+    return Job([Section("reg", lambda: nn.Linear(3, 1), forward=fwd)], dataset=records)
+"""
+
+
+def test_float64_run_casts_float_inputs(tmp_path):
+    """``dtype = "float64"``: the default collate's float32 tensors reach the modules as
+    float64 (the user's forward needs no cast), and the loss equals a float64 plain step."""
+    from maestro.runtime import reference_train
+
+    (tmp_path / "floatjob.py").write_text(FLOAT_JOB)
+    path = tmp_path / "run.toml"
+    path.write_text(
+        'global_batch = 4\nsteps = 2\ndtype = "float64"\n[workload]\nname = "floatjob:job"\n'
+        "[sections.reg]\nmicro_batch_size = 2\nlr = 0.1\n"
+    )
+    cfg = C.load(path)
+    graph, losses = reference_train(cfg, 2)
+    assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
+    assert graph["reg"].module.weight.dtype == torch.float64

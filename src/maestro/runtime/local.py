@@ -60,8 +60,9 @@ def _init_params(cls: type) -> set[str]:
 def lr_factor(sc: SectionConfig, step: int, total_steps: int) -> float:
     """Multiplier of ``sc.lr`` at optimizer step ``step`` (0-based) of ``total_steps``.
 
-    Linear warmup from 0 over ``warmup_steps``, then constant, or a cosine / linear decay to
-    ``min_lr_ratio`` reached at the last step.
+    Linear warmup over ``warmup_steps``: step ``s < w`` gets ``(s + 1) / (w + 1)`` (the
+    first step already moves, at ``1 / (w + 1)``; the factor would reach 1 at step ``w``),
+    then constant, or a cosine / linear decay to ``min_lr_ratio`` reached at the last step.
     """
     import math
 
