@@ -341,3 +341,40 @@ def test_planner_sees_the_declared_plan():
     assert plan_divisor(net.layers[0], spec) == 2  # gcd(8, 8, heads 2)
     assert module_tp_refusal(net, "sections.s", spec) is None
     assert "no tensor-parallel plan" in module_tp_refusal(net, "sections.s")
+
+
+VISION_FSDP = """
+global_batch = 10
+steps = 1
+seed = 2
+[workload]
+name = "mllm"
+vocab_size = 32
+seq_len_min = 4
+seq_len_max = 14
+llm_dim = 8
+llm_layers = 1
+heads = 2
+vision_dim = 8
+vision_layers = 1
+image_patches = 3
+patch_dim = 6
+[sections.vision]
+fsdp = 2
+micro_batch_size = 3
+lr = 0.01
+[sections.llm]
+micro_batch_size = 2
+lr = 0.1
+"""
+
+
+@pytest.mark.dist
+def test_fsdp_producer_root_gives_no_view_warning(tmp_path, capfd):
+    """A trainable FSDP producer returns per-sample slices (views) from its root: FSDP2's
+    in-place warning does not apply there (the executor never writes them) and is not shown."""
+    path = tmp_path / "run.toml"
+    path.write_text(VISION_FSDP)
+    res = launch(C.load(path), opts=RunOptions(progress=False))
+    assert len(res["losses"]) == 1
+    assert "returned a view tensor" not in capfd.readouterr().err

@@ -125,9 +125,22 @@ def apply_fsdp(
     The root (embeddings, head: everything outside the blocks) stays gathered from its
     forward to its backward when trainable; a frozen section has no backward, so it reshards.
     """
+    import warnings
+
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from maestro.parallel.tp import shard_placement
+
+    # A section's per-sample outputs are slices of its micro-batch outputs (views), and FSDP2
+    # warns that an in-place op on a view would drop its pre-backward hook. The root's outputs
+    # only ever reach the executor, which reads them (losses, sends) and never writes them in
+    # place; the user's forward runs inside the root, before the hook exists. The blocks' own
+    # outputs still warn.
+    warnings.filterwarnings(
+        "ignore",
+        message=r"FSDP2-wrapped module \((FSDP)?SectionRoot\) returned a view tensor",
+        category=UserWarning,
+    )
 
     kw = {
         "mesh": mesh,
