@@ -113,8 +113,22 @@ def _outermost(module: nn.Module, hit: Callable[[nn.Module], bool]) -> list[nn.M
     return found
 
 
+HF_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+HF_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def is_hf_decoder_layer(m: nn.Module) -> bool:
+    """A Llama/Qwen2-style layer: ``self_attn`` with q/k/v/o projections and a gated MLP."""
+    attn, mlp = getattr(m, "self_attn", None), getattr(m, "mlp", None)
+    return (
+        attn is not None
+        and mlp is not None
+        and all(hasattr(attn, n) for n in HF_ATTN)
+        and hasattr(mlp, "down_proj")
+    )
+
+
 def _known(m: nn.Module) -> bool:
-    from maestro.parallel.tp import is_hf_decoder_layer
     from maestro.workloads.layers import Block
 
     return isinstance(m, Block) or is_hf_decoder_layer(m)
@@ -187,14 +201,12 @@ def find_blocks(
     return found
 
 
-def block_plan(block: nn.Module, spec: Parallelism | None) -> Mapping[str, Any] | None:
-    """The TP plan of ``block``: the declaration's, else Maestro's own (``None``: none)."""
-    if spec is not None and spec.tp_plan is not None:
-        plan = spec.tp_plan(block) if callable(spec.tp_plan) else spec.tp_plan
-        return dict(plan) if plan else None
-    from maestro.parallel.tp import plan_for
-
-    return plan_for(block)
+def user_plan(block: nn.Module, spec: Parallelism | None) -> Mapping[str, Any] | None:
+    """The declaration's TP plan of ``block`` (``None``: it gives none)."""
+    if spec is None or spec.tp_plan is None:
+        return None
+    plan = spec.tp_plan(block) if callable(spec.tp_plan) else spec.tp_plan
+    return dict(plan) if plan else None
 
 
 def check_user_plan(
@@ -264,7 +276,7 @@ def plan_divisor(block: nn.Module, spec: Parallelism) -> int:
     if spec.parallelize is not None:
         return 0
     g = 0
-    for path, style in (block_plan(block, spec) or {}).items():
+    for path, style in (user_plan(block, spec) or {}).items():
         try:
             sub = block.get_submodule(path)
         except AttributeError:

@@ -35,8 +35,14 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.distributed.tensor.placement_types import _StridedShard
 
-HF_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
-HF_MLP = ("gate_proj", "up_proj", "down_proj")
+from maestro.parallel.spec import (
+    HF_ATTN,
+    HF_MLP,
+    Parallelism,
+    check_user_plan,
+    is_hf_decoder_layer,
+    user_plan,
+)
 
 
 def _replicated_input(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
@@ -112,17 +118,6 @@ def hf_decoder_layer_plan(layer: nn.Module) -> dict[str, ParallelStyle]:
     return plan
 
 
-def is_hf_decoder_layer(m: nn.Module) -> bool:
-    """A Llama/Qwen2-style layer: ``self_attn`` with q/k/v/o projections and a gated MLP."""
-    attn, mlp = getattr(m, "self_attn", None), getattr(m, "mlp", None)
-    return (
-        attn is not None
-        and mlp is not None
-        and all(hasattr(attn, n) for n in HF_ATTN)
-        and hasattr(mlp, "down_proj")
-    )
-
-
 def plan_for(block: nn.Module) -> dict[str, ParallelStyle] | None:
     """The TP plan of a transformer block, or ``None`` when Maestro has none for its type."""
     from maestro.workloads.layers import Block
@@ -132,6 +127,13 @@ def plan_for(block: nn.Module) -> dict[str, ParallelStyle] | None:
     if is_hf_decoder_layer(block):
         return hf_decoder_layer_plan(block)
     return None
+
+
+def plan_of(block: nn.Module, spec: Parallelism | None) -> dict[str, ParallelStyle] | None:
+    """The TP plan of ``block``: the declaration's, else Maestro's own (``None``: none)."""
+    if spec is not None and spec.tp_plan is not None:
+        return user_plan(block, spec)
+    return plan_for(block)
 
 
 def _check_divisible(block: nn.Module, tp: int, where: str) -> None:
@@ -163,8 +165,6 @@ def tp_refusal(blocks: list[nn.Module], where: str = "section", spec=None) -> st
     and widths dividing by ``tp``) come on top, in ``apply_tp``. A ``spec.parallelize``
     function is never refused ahead: it raises its own errors.
     """
-    from maestro.parallel.spec import block_plan, check_user_plan
-
     if spec is not None and spec.parallelize is not None:
         return None
     if not blocks:
@@ -174,7 +174,7 @@ def tp_refusal(blocks: list[nn.Module], where: str = "section", spec=None) -> st
             "tp_plan=...))"
         )
     for blk in blocks:
-        plan = block_plan(blk, spec)
+        plan = plan_of(blk, spec)
         if plan is None:
             return (
                 f"{where}.tp: no tensor-parallel plan for {type(blk).__name__} (Maestro has "
@@ -197,15 +197,13 @@ def apply_tp(
     ``ValueError`` (naming ``where``, the config table) when there is no block, a block has
     no plan (``tp_refusal``) or its heads or widths do not divide by the TP degree.
     """
-    from maestro.parallel.spec import block_plan, check_user_plan
-
     tp = tp_mesh.size()
     why = tp_refusal(blocks, where, spec)
     if why is not None:
         raise ValueError(why)
     user = spec is not None and spec.tp_plan is not None
     for blk in blocks:
-        plan = block_plan(blk, spec)
+        plan = plan_of(blk, spec)
         if user:
             check_user_plan(blk, plan, spec, tp, where)
         else:
