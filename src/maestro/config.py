@@ -399,6 +399,58 @@ class MLLMConfig:
         return d
 
 
+@dataclass
+class EvalConfig:
+    """The ``[eval]`` table: evaluate on held-out records during training.
+
+    Every ``every`` steps (and after the last step) the eval records run through the same
+    layout and scheduler as training, forward only (``torch.no_grad``; frozen sections under
+    ``inference_mode``; modules in ``eval()`` mode), with no optimizer step: training is
+    unchanged. The eval loss is normalised like the training loss: the sinks' per-sample
+    losses summed over every eval batch, divided by the sum of the batches' normalisers (the
+    job's ``normaliser``); other per-sample scalars a sink returns (e.g. ``ce``, ``kl``) are
+    averaged the same way.
+    """
+
+    data: str | None = None
+    """A JSONL file of eval records (relative to the config's directory), read like the
+    job's own dataset (a ``maestro.data.JsonlDataset`` job reads it with the same options and
+    collate). ``None``: the job's own eval dataset (``job.eval_dataset``, see
+    ``maestro.runtime.evaluation``)."""
+    every: int | None = None
+    """Evaluate after every this many optimizer steps (>= 1; required)."""
+    batches: int | None = None
+    """Evaluate on at most this many eval global batches (>= 1). ``None``: the whole file, in
+    file order, in global batches of ``global_batch`` records (the last one partial)."""
+
+    def validate(self, config_dir: str | None) -> None:
+        """``ValueError`` naming the first bad ``eval.*`` field."""
+        if self.every is None:
+            raise ValueError("eval.every: missing; evaluate every how many steps (>= 1)")
+        if isinstance(self.every, bool) or not isinstance(self.every, int):
+            raise ValueError(f"eval.every must be an integer, got {self.every!r}")
+        if self.every < 1:
+            raise ValueError(f"eval.every must be >= 1, got {self.every}")
+        if self.batches is not None:
+            if isinstance(self.batches, bool) or not isinstance(self.batches, int):
+                raise ValueError(f"eval.batches must be an integer, got {self.batches!r}")
+            if self.batches < 1:
+                raise ValueError(f"eval.batches must be >= 1, got {self.batches}")
+        if self.data is not None:
+            if not isinstance(self.data, str) or not self.data:
+                raise ValueError(f"eval.data must be a path string, got {self.data!r}")
+            path = self.data_path(config_dir)
+            if not path.is_file():
+                raise ValueError(f"eval.data: file {path} does not exist")
+
+    def data_path(self, config_dir: str | None) -> Path:
+        """``data`` resolved against the config's directory."""
+        path = Path(self.data)
+        if not path.is_absolute() and config_dir is not None:
+            path = Path(config_dir) / path
+        return path
+
+
 #: the built-in jobs' short names: ``name -> (job function, its Config dataclass)``
 BUILTIN_JOBS: dict[str, tuple[str, type]] = {
     "kd": ("maestro.workloads.kd:job", KDConfig),
@@ -453,6 +505,12 @@ class TrainConfig:
     config_dir: str | None = None
     """Directory of the TOML file (``load`` sets it): a job module or ``file.py`` named by
     ``workload.name`` and relative paths the job reads resolve against it."""
+    eval: EvalConfig | None = None
+    """The ``[eval]`` table (``EvalConfig``): held-out evaluation every ``eval.every`` steps;
+    ``None``: no evaluation."""
+    log_dir: str | None = None
+    """Rank 0 writes TensorBoard event files and ``metrics.jsonl`` here (relative to the
+    config's directory; ``maestro train --log-dir`` overrides it). ``None``: no logs."""
 
     def validate(self) -> None:
         """Check every field; ``ValueError`` names the first bad one."""
@@ -473,6 +531,8 @@ class TrainConfig:
             )
         if self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
+        if self.log_dir is not None and (not isinstance(self.log_dir, str) or not self.log_dir):
+            raise ValueError(f"log_dir must be a path string, got {self.log_dir!r}")
         if self.max_memory is not None:
             parse_bytes(self.max_memory, "max_memory")
         if self.cost_profile is not None:
@@ -520,6 +580,11 @@ class TrainConfig:
                         f"section {p!r} (no gradient would reach it)"
                     )
         self._validate_groups()
+        if self.eval is not None:
+            self.eval.validate(self.config_dir)
+            from maestro.runtime.evaluation import eval_dataset
+
+            eval_dataset(self.job(), self)  # ValueError when the job has no eval data
 
     def _validate_groups(self) -> None:
         """Colocated groups: one shared grid per group, and a merged graph without a cycle."""
@@ -888,13 +953,16 @@ def from_dict(data: dict[str, Any]) -> TrainConfig:
             raise ValueError(f"sections.{n}.inputs must be a list of section names")
         if sc.optimizer is not None and not isinstance(sc.optimizer, str):
             raise ValueError(f"sections.{n}.optimizer must be a string")
+    ev = data.pop("eval", None)
+    if ev is not None:
+        ev = _build(EvalConfig, ev, "eval")
     top = {f.name for f in dataclasses.fields(TrainConfig)} - {"workload", "model", "sections"}
     for key in data:
         if key not in top:
             raise ValueError(f"{key}: unknown field; known fields: {', '.join(sorted(top))}")
     defaults = TrainConfig(workload=name, model=model, sections=sections)
     kwargs = {k: _coerce(v, getattr(defaults, k), k) for k, v in data.items()}
-    cfg = TrainConfig(workload=name, model=model, sections=sections, **kwargs)
+    cfg = TrainConfig(workload=name, model=model, sections=sections, eval=ev, **kwargs)
     cfg.validate()
     return cfg
 

@@ -85,6 +85,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the step's update on every rank",
     )
     p.add_argument(
+        "--log-dir",
+        default=None,
+        metavar="DIR",
+        help="rank 0 writes TensorBoard event files and metrics.jsonl (loss, per-section loss, "
+        "lr, samples/s, busy, peak memory; eval/ rows with [eval]) here; overrides the "
+        "config's log_dir",
+    )
+    p.add_argument(
         "--debug",
         action="store_true",
         help="on a failure, print the full traceback (default: one line, and for an error in "
@@ -140,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         resume=args.resume,
         checkpoint_format=args.checkpoint_format,
         on_nonfinite=args.on_nonfinite,
+        log_dir=getattr(args, "log_dir", None),
     )
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and args.nproc is None
     if under_torchrun:

@@ -48,6 +48,16 @@ class JsonlDataset(Dataset):
         **keys,
     ) -> None:
         self.path = Path(path)
+        #: the options besides the path (``with_path`` reopens another file with them)
+        self.options = dict(
+            tokenizer=tokenizer,
+            image_spec=image_spec,
+            audio_shape=audio_shape,
+            max_length=max_length,
+            transform=transform,
+            media_dir=media_dir,
+            **keys,
+        )
         if not self.path.is_file():
             raise ValueError(f"JsonlDataset: data file {self.path} does not exist")
         self.reader = RecordReader(
@@ -80,6 +90,12 @@ class JsonlDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return self.reader.load(self.records[i], f"{self.path}:{self.line_numbers[i]}")
+
+    def with_path(self, path: str | Path) -> JsonlDataset:
+        """Another file read with this dataset's options (tokenizer, image spec, transform,
+        ...), e.g. held-out records; relative media paths resolve against that file's
+        directory unless ``media_dir`` was given."""
+        return JsonlDataset(path, **self.options)
 
     @property
     def lengths(self) -> list[int]:

@@ -681,6 +681,99 @@ class MaestroWorker:
                     opt.step()
         return reported
 
+    def evaluate(self, batches) -> tuple[dict[str, float], float, int]:
+        """Run held-out global batches through this layout and scheduler, forward only.
+
+        No gradient (frozen sections under ``inference_mode``, trainable ones under
+        ``no_grad``), no optimizer step, modules in ``eval()`` mode for the pass; every rank
+        runs the same micro-batches (FSDP padding included) as a training step would, so the
+        sections' collectives stay in step. Eval batch ``b`` travels as virtual step
+        ``evaluation.EVAL_STEP_BASE + b``. Returns ``(sums, total normaliser, samples)``:
+        this rank's sums of its sink's per-sample losses and other scalars
+        (``evaluation.add_sink_outputs``; empty off the sinks and on TP peers).
+        """
+        from maestro.runtime import evaluation as ev
+
+        sec, graph, tr = self.section, self.graph, self.tracer
+        sink = graph.is_sink(self.name)
+        consumers = graph.consumers(self.name)
+        ctx = getattr(sec, "colocated", None)
+        pad = (self.strategy is not None and self.strategy.pad) or (ctx is not None and ctx.fsdp)
+        no_grad = torch.inference_mode if sec.frozen else torch.no_grad
+        modules = [sec.module] + [self.real_graph[m].module for m in self.members]
+        sums: dict[str, float] = {}
+        norm_total, count = 0.0, 0
+        with ev.eval_mode(modules):
+            for b, batch in enumerate(batches):
+                vstep = ev.EVAL_STEP_BASE + b
+                with tr.span("eval batch + schedule", "schedule"):
+                    batch = batch_to(batch, self.device)
+                    fp = batch_fingerprint(batch)
+                    if not getattr(self, "_eval_checked", False):
+                        try:
+                            check_same_batch(fp, vstep)
+                        except ValueError as e:
+                            msg = str(e).split(": ", 1)[-1]
+                            raise ValueError(f"eval batch {b}: {msg}") from None
+                        self._eval_checked = True
+                    self.transport.batch_checks[vstep] = fp
+                    infos = self._sample_infos(batch)
+                    schedule = self.scheduler(infos, self.specs, self.cost_model)
+                    check_schedule(schedule, infos, self.specs)
+                norm_total += self.workload.normaliser(batch)
+                count += len(batch)
+                active = {i.sample_id: i.sections for i in infos}
+                tag_act, _ = message_tags(vstep)
+                if ctx is not None:
+                    ctx.fallback = {}
+                mine = schedule.order[self.name][self.replica]
+                reps = schedule.order[self.name]
+                num_pad = max(len(reps[r]) for r in self.lock_replicas) - len(mine) if pad else 0
+                for k, mb in enumerate(mine):
+                    ids = mb.sample_ids
+                    ins: dict[str, list[Outputs | None]] = {}
+                    for p in sec.inputs:
+                        col: list[Outputs | None] = []
+                        for sid in ids:
+                            if p not in active[sid]:
+                                col.append(None)
+                                continue
+                            with tr.span(f"eval recv {p}", "wait", mb=k):
+                                src = self._rank_of(p, schedule, sid)
+                                col.append(self.transport.get(src, tag_act, sid))
+                        ins[p] = col
+                    if self.max_in_flight is not None:
+                        with tr.span("run-ahead bound", "wait", mb=k):
+                            self.transport.limit_in_flight(self.max_in_flight)
+                    self._lockstep(batch, active, schedule, k)
+                    with tr.span(f"{self.name} eval fwd", "forward", mb=k):
+                        with no_grad():
+                            outs = sec.run([batch[i] for i in ids], ins)
+                    with tr.span("eval send", "send", mb=k):
+                        for c in consumers if self.leader else ():
+                            by_dst: dict[int, list[tuple[int, Outputs]]] = {}
+                            for sid, o in zip(ids, outs):
+                                if c in active[sid]:
+                                    for dst in self._ranks_of(c, schedule, sid):
+                                        by_dst.setdefault(dst, []).append((sid, o))
+                            for dst, items in by_dst.items():
+                                self.transport.send(dst, tag_act, items, vstep)
+                    if sink and self.leader:
+                        ev.add_sink_outputs(sums, self.name, outs)
+                for j in range(num_pad):
+                    # FSDP: as many forwards as the busiest replica of the shard group
+                    sample = next(s for s in batch if self.name in active[s["id"]])
+                    self._lockstep(batch, active, schedule, len(mine) + j)
+                    with tr.span(f"{self.name} eval pad fwd", "forward", mb=len(mine) + j):
+                        with no_grad():
+                            sec.run([sample], {p: [None] for p in sec.inputs})
+                with tr.span("flush sends", "wait"):
+                    self.transport.flush()
+                assert not any(self.transport.inbox.values()), "unconsumed messages after eval"
+                self.transport.batch_checks.pop(vstep, None)
+        ev.reshard(modules)
+        return sums, norm_total, count
+
     def _guard(self, step: int, sink: bool, loss: float) -> bool:
         """Agree with every trainable rank whether the step is finite; ``True`` to update.
 

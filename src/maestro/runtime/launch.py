@@ -51,6 +51,8 @@ class RunOptions:
             any layout.
         on_nonfinite: ``"stop"`` (raise, naming the section and step) or ``"skip"`` (every rank
             drops the step's update) when a loss or gradient is NaN/inf.
+        log_dir: rank 0 writes TensorBoard event files and ``metrics.jsonl`` here
+            (``maestro.runtime.evaluation``); overrides the config's ``log_dir``.
     """
 
     monolithic: bool = False
@@ -65,6 +67,7 @@ class RunOptions:
     resume: bool = False
     on_nonfinite: str = "stop"
     checkpoint_format: str = "full"
+    log_dir: str | None = None
 
     def validate(self) -> None:
         """``ValueError`` for inconsistent options."""
@@ -165,6 +168,15 @@ def _train(config, opts, rank, world, device) -> dict | None:
     labels = [None] * world
     dist.all_gather_object(labels, worker.label)
     sections = [lab.split("[")[0] for lab in labels]
+    from maestro.runtime import evaluation
+
+    log_dir = run_log_dir(config, opts)
+    mlog = None
+    if rank == 0 and log_dir is not None:
+        mlog = evaluation.MetricsLog(log_dir)
+        print(f"logs: {log_dir} (tensorboard --logdir {log_dir})", flush=True)
+    sinks = set(_sink_sections(config, opts.monolithic))
+    evals: list[dict] = []
     bar = None
     if rank == 0 and opts.progress:
         from tqdm import tqdm
@@ -183,16 +195,20 @@ def _train(config, opts, rank, world, device) -> dict | None:
     # consumers) runs ahead into the next step, bounded to one step of lookahead.
     pending: deque = deque()
 
+    last_row = [time.time()]
+
     def finish_oldest() -> None:
         step, stats, work = pending.popleft()
         work.wait()
         losses[step] = float(stats[0])
         if stats[-1] > 0:
             skipped.append(step)
+        if mlog is not None:
+            mlog.write(_step_row(config, step, stats, sections, sinks, t_start, last_row))
         if bar is not None:
             if step >= warm:
                 elapsed = max(time.time() - t_start, 1e-9)
-                busy = _per_section(sections, stats[1:-1].cpu() / elapsed)
+                busy = _per_section(sections, stats[1 : 1 + world].cpu() / elapsed)
                 rate = (step + 1 - warm) * config.global_batch / elapsed
                 bar.set_postfix_str(
                     f"loss={losses[step]:.4f} samples/s={rate:.1f} "
@@ -211,10 +227,14 @@ def _train(config, opts, rank, world, device) -> dict | None:
             dist.barrier()
             t_start, busy0, totals0 = time.time(), tracer.busy, dict(tracer.totals)
         loss = worker.step(step)
-        # [loss, busy seconds of each rank, 1 if the step was skipped (non-finite)]
-        stats = torch.zeros(world + 2, dtype=torch.float64, device=device)
+        # [loss, busy seconds of each rank, each rank's loss share, each rank's peak memory,
+        #  1 if the step was skipped (non-finite)]
+        stats = torch.zeros(3 * world + 2, dtype=torch.float64, device=device)
         stats[0] = loss
         stats[1 + rank] = tracer.busy - busy0
+        stats[1 + world + rank] = loss
+        if log_dir is not None:
+            stats[1 + 2 * world + rank] = evaluation.peak_memory_bytes(device)
         stats[-1] = float(worker.last_skipped)
         pending.append((step, stats, dist.all_reduce(stats, async_op=True)))
         if log is not None:
@@ -222,6 +242,28 @@ def _train(config, opts, rank, world, device) -> dict | None:
             log.write(**rec, skipped=worker.last_skipped)
         while len(pending) > 1:
             finish_oldest()
+        if config.eval is not None and (
+            (step + 1) % config.eval.every == 0 or step + 1 == config.steps
+        ):
+            while pending:
+                finish_oldest()
+            t0, b0, tot0 = time.time(), tracer.busy, dict(tracer.totals)
+            row = _evaluate(config, worker, step + 1, sections, rank, world)
+            spent = time.time() - t0
+            if row is not None:
+                row["eval/seconds"] = spent
+                evals.append(row)
+                if mlog is not None:
+                    mlog.write(row)
+                if bar is not None:
+                    bar.write(f"eval after {step + 1} steps: loss={row['eval/loss']:.4f}")
+            # eval time is not training time: keep it out of samples/s and the busy fractions
+            last_row[0] += spent
+            if step >= warm:
+                t_start += spent
+                busy0 += tracer.busy - b0
+                for c, v in tracer.totals.items():
+                    totals0[c] = totals0.get(c, 0.0) + v - tot0.get(c, 0.0)
         if opts.checkpoint_every and (
             (step + 1) % opts.checkpoint_every == 0 or step + 1 == config.steps
         ):
@@ -235,6 +277,8 @@ def _train(config, opts, rank, world, device) -> dict | None:
     elapsed = time.time() - t_start
     if log is not None:
         log.close()
+    if mlog is not None:
+        mlog.close()
     if bar is not None:
         bar.close()
     measured_steps = config.steps - warm
@@ -272,6 +316,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
         "losses": losses,
         "start_step": start,
         "skipped_steps": skipped,
+        "eval": evals,
         "elapsed_s": elapsed,
         "measured_steps": measured_steps,
         "samples_per_s": measured_steps * config.global_batch / elapsed,
@@ -300,6 +345,68 @@ def _train(config, opts, rank, world, device) -> dict | None:
     if opts.progress:
         print(summary_table(result), flush=True)
     return result
+
+
+def run_log_dir(config: TrainConfig, opts: RunOptions) -> str | None:
+    """Where rank 0 logs: ``--log-dir``, else the config's ``log_dir`` (relative to the
+    config's directory), else ``None``."""
+    if opts.log_dir:
+        return opts.log_dir
+    if config.log_dir:
+        p = Path(config.log_dir)
+        if not p.is_absolute() and config.config_dir is not None:
+            p = Path(config.config_dir) / p
+        return str(p)
+    return None
+
+
+def _sink_sections(config: TrainConfig, monolithic: bool) -> list[str]:
+    """The labels (``sections`` entries) whose ranks report loss: the sink units."""
+    if monolithic:
+        return ["model"]
+    edges = config.section_inputs()
+    used = {p for ins in edges.values() for p in ins}
+    return [u for u, ms in config.units().items() if any(m not in used for m in ms)]
+
+
+def _step_row(config, step, stats, sections, sinks, t_start, last_row) -> dict:
+    """Rank 0's ``metrics.jsonl`` row of a training step (``maestro.runtime.evaluation``)."""
+    from maestro.runtime.local import lr_factor
+
+    world = len(sections)
+    vals = stats.cpu().tolist()
+    now = time.time()
+    dt, last_row[0] = max(now - last_row[0], 1e-9), now
+    row: dict = {"step": step, "loss": vals[0]}
+    per_loss: dict[str, float] = {}
+    per_mem: dict[str, float] = {}
+    for r, name in enumerate(sections):
+        if name in sinks:
+            per_loss[name] = per_loss.get(name, 0.0) + vals[1 + world + r]
+        per_mem[name] = max(per_mem.get(name, 0.0), vals[1 + 2 * world + r])
+    row.update({f"loss/{n}": v for n, v in per_loss.items()})
+    for n, sc in config.sections.items():
+        if not sc.frozen:
+            row[f"lr/{n}"] = sc.lr * lr_factor(sc, step, config.steps)
+    row["samples_per_s"] = config.global_batch / dt
+    elapsed = max(now - t_start, 1e-9)
+    busy = _per_section(sections, torch.tensor(vals[1 : 1 + world]) / elapsed)
+    row.update({f"busy/{n}": v for n, v in busy.items()})
+    row.update({f"peak_mem_bytes/{n}": v for n, v in per_mem.items()})
+    row["skipped"] = int(vals[-1] > 0)
+    return row
+
+
+def _evaluate(config, worker, done: int, sections, rank: int, world: int) -> dict | None:
+    """Every rank: run the eval batches (``worker.evaluate``); rank 0 returns the eval row."""
+    from maestro.runtime import evaluation
+
+    sums, norm, count = worker.evaluate(evaluation.eval_batches(worker.workload, config))
+    gathered = [None] * world
+    dist.all_gather_object(gathered, sums)
+    if rank != 0:
+        return None
+    return evaluation.eval_row(done, gathered, norm, count, 0.0)
 
 
 def _resume(config, opts, rank, worker):
@@ -615,6 +722,10 @@ def launch(
     if not opts.monolithic:
         config.check_world_size(nproc)
     opts.validate()
+    if run_log_dir(config, opts) is not None:
+        from maestro.runtime.evaluation import check_tensorboard
+
+        check_tensorboard()
     method = _start_method()
     # torch warns for each rank it terminates after another failed: the launcher's report
     # says what failed

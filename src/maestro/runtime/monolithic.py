@@ -127,6 +127,44 @@ class MonolithicWorker:
                 o.step()
         return total
 
+    def evaluate(self, batches) -> tuple[dict[str, float], float, int]:
+        """Held-out global batches, forward only, each rank on its shard of every batch (as
+        ``step`` shards it); ``MaestroWorker.evaluate``'s ``(sums, normaliser, samples)``."""
+        from maestro.runtime import evaluation as ev
+
+        sums: dict[str, float] = {}
+        norm_total, count = 0.0, 0
+        modules = [s.module for s in self.graph]
+        with ev.eval_mode(modules):
+            for b, batch in enumerate(batches):
+                batch = batch_to(batch, self.device)
+                if not getattr(self, "_eval_checked", False):
+                    try:
+                        check_same_batch(batch_fingerprint(batch), b)
+                    except ValueError as e:
+                        raise ValueError(f"eval batch {b}: {str(e).split(': ', 1)[-1]}") from None
+                    self._eval_checked = True
+                infos = self.workload.sample_infos(batch, self.graph)
+                if self.cost_model is not None:
+                    units = [(s.name, s.frozen) for s in self.specs]
+                    infos = balanced_order(infos, self.world, self.cost_model, units)
+                elif self.config.monolithic_order == "tokens":
+                    infos = token_balanced_order(infos, self.world)
+                sched = monolithic_schedule(
+                    infos,
+                    self.specs,
+                    world_size=self.world,
+                    micro_batch_size=self.config.monolithic_micro_batch_size,
+                )
+                norm_total += self.workload.normaliser(batch)
+                count += len(batch)
+                by_id = {s["id"]: s for s in batch}
+                for k, ids in enumerate(whole_micro_batches(sched, self.rank)):
+                    with self.tracer.span("model eval fwd", "forward", mb=k), torch.no_grad():
+                        for name, outs in ev.sink_outputs(self.graph, [by_id[i] for i in ids]):
+                            ev.add_sink_outputs(sums, name, outs)
+        return sums, norm_total, count
+
     def _guard(self, step: int, loss: float) -> bool:
         """Agree with every rank whether the step is finite; ``True`` to update."""
         flags = torch.zeros(2 * len(self.guard_names), dtype=torch.float64, device=self.device)
