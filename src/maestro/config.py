@@ -582,7 +582,7 @@ class TrainConfig:
         self._validate_groups()
         if self.eval is not None:
             self.eval.validate(self.config_dir)
-            from maestro.runtime.evaluation import eval_dataset
+            from maestro.job import eval_dataset
 
             eval_dataset(self.job(), self)  # ValueError when the job has no eval data
 

@@ -74,6 +74,24 @@ def default_collate(record: dict) -> dict:
     return out
 
 
+def compute_dtype(config) -> torch.dtype:
+    """The dtype sections compute in (``bfloat16`` runs fp32 master weights under autocast)."""
+    return {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}[
+        config.dtype
+    ]
+
+
+def param_dtype(config, frozen: bool) -> torch.dtype:
+    """The dtype a section's parameters are stored in.
+
+    ``bfloat16``: trainable sections keep fp32 master weights (bf16 compute by autocast);
+    frozen sections are bf16 end to end (no optimizer, half the memory).
+    """
+    if config.dtype == "bfloat16":
+        return torch.bfloat16 if frozen else torch.float32
+    return compute_dtype(config)
+
+
 def _numeric(v) -> bool:
     x = v
     while isinstance(x, (list, tuple)) and x:
@@ -140,6 +158,9 @@ class Job:
         cost_model: a ``maestro.costmodel.CostModel`` the run's scheduler prices micro-batches
             with (e.g. an analytical model of the real hardware), instead of the FLOP estimate
             counted on the ``meta`` device; a config's ``cost_profile`` still wins.
+        eval_dataset: held-out records (map-style, collated like ``dataset``) that the run
+            config's ``[eval]`` table evaluates every ``every`` steps; ``[eval] data`` (a JSONL
+            file) replaces it for a ``maestro.data.JsonlDataset`` job.
     """
 
     def __init__(
@@ -154,6 +175,7 @@ class Job:
         shuffle: bool = True,
         order: Callable[[int], Sequence[int]] | None = None,
         cost_model: Any = None,
+        eval_dataset: Any = None,
     ) -> None:
         sections = list(sections)
         if not sections:
@@ -180,6 +202,7 @@ class Job:
         self.shuffle = shuffle
         self._order = order
         self.cost_model = cost_model
+        self.eval_dataset = eval_dataset
         self.config = None
         self._orders: dict[int, list[int]] = {}
 
@@ -203,8 +226,6 @@ class Job:
     # -- the workload interface the runtime, profiler and planner use -------------------------
     def build_module(self, name: str) -> nn.Module:
         """Section ``name``'s module: built (factory) under its seed, in the run's dtype."""
-        from maestro.runtime.local import param_dtype
-
         sec = self._section(name)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed_for("init", self.config.seed, name))
@@ -416,3 +437,44 @@ __all__ = [
     "default_sample_cost",
     "resolve_job_function",
 ]
+
+
+def eval_dataset(job, config):
+    """The eval records of ``config.eval`` for ``job`` (read once per job, then cached).
+
+    ``ValueError`` (one line, naming the field) when there are none or they cannot be read.
+    """
+    ev = config.eval
+    key = None if ev.data is None else str(ev.data_path(config.config_dir))
+    cached = getattr(job, "_maestro_eval", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    own = getattr(job, "eval_dataset", None)
+    if key is not None:
+        from maestro.data.jsonl import JsonlDataset
+
+        train = getattr(job, "dataset", None)
+        if not isinstance(train, JsonlDataset):
+            what = "generates its batches" if train is None else f"reads a {type(train).__name__}"
+            raise ValueError(
+                f"eval.data: the job {what}, not a maestro.data.JsonlDataset, so {key} cannot "
+                "be read like its training data; remove eval.data and set job.eval_dataset in "
+                "the job function"
+            )
+        ds = train.with_path(key)
+    elif own is not None:
+        ds = own
+        if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
+            raise ValueError(
+                "eval: job.eval_dataset must be a map-style dataset (__len__ and __getitem__), "
+                f"got {type(ds).__name__}"
+            )
+        if len(ds) == 0:
+            raise ValueError("eval: job.eval_dataset is empty")
+    else:
+        raise ValueError(
+            "eval.data: missing; name a JSONL file of eval records (for a JsonlDataset job) or "
+            "set job.eval_dataset in the job function"
+        )
+    job._maestro_eval = (key, ds)
+    return ds

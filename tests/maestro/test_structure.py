@@ -59,3 +59,15 @@ def test_no_module_imports_itself_back():
         and not a.startswith(b + ".")
     )
     assert not pairs, "\n".join(pairs)
+
+
+def test_the_job_api_and_config_sit_below_the_runtime():
+    """``config``, ``job`` and ``sections`` are what a user's job imports; the runtime builds
+    on them, never the reverse (config -> job -> runtime.local -> config was a circle)."""
+    bad = [
+        f"{name} imports {mod}"
+        for name in ("config.py", "job.py", "sections.py")
+        for mod in _imports(ROOT / name)
+        if mod.split(".")[1] in ("runtime", "plan", "sim", "profiling")
+    ]
+    assert not bad, "\n".join(bad)

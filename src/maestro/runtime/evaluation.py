@@ -2,13 +2,11 @@
 
 Eval data: ``[eval] data = "eval.jsonl"`` (relative to the config) is read like the job's own
 dataset when that is a ``maestro.data.JsonlDataset`` (same options, same ``collate``). Any
-other job supplies its eval records itself: the job function sets ``eval_dataset`` on the
-``Job`` it returns (any map-style dataset of records, read with the job's ``collate``)::
+other job supplies its eval records itself: ``Job(..., eval_dataset=records)`` (any
+map-style dataset of records, read with the job's ``collate``)::
 
     def job(config):
-        j = Job(sections, dataset=train_records)
-        j.eval_dataset = eval_records        # e.g. a list of dicts, a datasets.Dataset
-        return j
+        return Job(sections, dataset=train_records, eval_dataset=eval_records)
 
 ``[eval] data`` overrides ``eval_dataset`` for a ``JsonlDataset`` job. The records are read in
 file order in global batches of ``global_batch`` records (the last one partial, not dropped),
@@ -48,53 +46,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from maestro.job import eval_dataset  # the job API finds the records (config validates too)
+
 #: eval batch ``b`` travels as virtual step ``EVAL_STEP_BASE + b`` (its own message tags and
 #: batch fingerprint, never a training step's)
 EVAL_STEP_BASE = 1 << 28
 
 #: the non-scalar-tag keys of a row
 ROW_KEYS = ("step",)
-
-
-def eval_dataset(job, config):
-    """The eval records of ``config.eval`` for ``job`` (read once per job, then cached).
-
-    ``ValueError`` (one line, naming the field) when there are none or they cannot be read.
-    """
-    ev = config.eval
-    key = None if ev.data is None else str(ev.data_path(config.config_dir))
-    cached = getattr(job, "_maestro_eval", None)
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    own = getattr(job, "eval_dataset", None)
-    if key is not None:
-        from maestro.data.jsonl import JsonlDataset
-
-        train = getattr(job, "dataset", None)
-        if not isinstance(train, JsonlDataset):
-            what = "generates its batches" if train is None else f"reads a {type(train).__name__}"
-            raise ValueError(
-                f"eval.data: the job {what}, not a maestro.data.JsonlDataset, so {key} cannot "
-                "be read like its training data; remove eval.data and set job.eval_dataset in "
-                "the job function"
-            )
-        ds = train.with_path(key)
-    elif own is not None:
-        ds = own
-        if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
-            raise ValueError(
-                "eval: job.eval_dataset must be a map-style dataset (__len__ and __getitem__), "
-                f"got {type(ds).__name__}"
-            )
-        if len(ds) == 0:
-            raise ValueError("eval: job.eval_dataset is empty")
-    else:
-        raise ValueError(
-            "eval.data: missing; name a JSONL file of eval records (for a JsonlDataset job) or "
-            "set job.eval_dataset in the job function"
-        )
-    job._maestro_eval = (key, ds)
-    return ds
 
 
 def num_eval_batches(dataset, config) -> int:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from maestro.config import SectionConfig, TrainConfig
+from maestro.job import compute_dtype, param_dtype  # noqa: F401 - the runtime's names too
 from maestro.sections import Outputs, Sample, SectionGraph
 
 
@@ -85,24 +86,6 @@ def set_lr(optimizer: torch.optim.Optimizer, sc: SectionConfig, step: int, total
     lr = sc.lr * lr_factor(sc, step, total)
     for g in optimizer.param_groups:
         g["lr"] = lr
-
-
-def compute_dtype(config: TrainConfig) -> torch.dtype:
-    """The dtype sections compute in (``bfloat16`` runs fp32 master weights under autocast)."""
-    return {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}[
-        config.dtype
-    ]
-
-
-def param_dtype(config: TrainConfig, frozen: bool) -> torch.dtype:
-    """The dtype a section's parameters are stored in.
-
-    ``bfloat16``: trainable sections keep fp32 master weights (bf16 compute by autocast);
-    frozen sections are bf16 end to end (no optimizer, half the memory).
-    """
-    if config.dtype == "bfloat16":
-        return torch.bfloat16 if frozen else torch.float32
-    return compute_dtype(config)
 
 
 def clip_grads(params: Sequence[nn.Parameter], max_norm: float | None) -> float | None:

@@ -41,7 +41,7 @@ def job(config) -> Job:
     c: MLLMConfig = config.model
     language = BigramLanguage(c.vocab_size, config.seed)
     ins = c.default_inputs()
-    from maestro.runtime.local import param_dtype
+    from maestro.job import param_dtype
 
     data_dtype = param_dtype(config, frozen=False)
 
