@@ -11,6 +11,7 @@ from dist_cases import KD, MLLM, check_equal
 
 from maestro import config as C
 from maestro.runtime import RunOptions, launch
+from maestro.runtime.launch import summary_table
 
 pytestmark = pytest.mark.dist
 
@@ -76,6 +77,10 @@ def test_mllm_mixed_layout_group_feeds_a_section_float64(tmp_path):
     assert cfg.unit_layout() == {"vision+audio": [0], "llm": [1, 2]}
     res = launch(cfg, 3, RunOptions(save_dir=str(tmp_path), progress=False), timeout_s=240)
     check_equal(cfg, res, tmp_path, 1e-10, ["vision", "audio", "llm"])
+    # the summary's group row lists each member's own dp and micro-batch size
+    rows = {line.split()[0]: line.split()[1:3] for line in summary_table(res).splitlines()[2:]}
+    mbs = [cfg.sections[n].micro_batch_size for n in ("vision", "audio", "llm")]
+    assert rows == {"vision+audio": ["1,1", f"{mbs[0]},{mbs[1]}"], "llm": ["2", str(mbs[2])]}
 
 
 def test_mllm_mixed_layout_section_feeds_a_group_float64(tmp_path):

@@ -269,3 +269,66 @@ def test_resume_with_a_different_model_is_a_value_error(tmp_path):
         ck.check_compatible(found, meta, lr)
     with pytest.raises(ValueError, match="only 2 steps"):
         ck.check_compatible(found, meta, C.loads(MLLM.replace("steps = 5", "steps = 2")))
+
+
+def _scheduled(steps: int) -> C.TrainConfig:
+    """MLLM with decaying LR schedules (cosine vision, linear llm, both to 0) over ``steps``."""
+    text = MLLM.replace("steps = 5", f"steps = {steps}")
+    text = text.replace("lr = 0.01\n", 'lr = 0.01\nlr_schedule = "cosine"\n')
+    return C.loads(text.replace("lr = 0.1\n", 'lr = 0.1\nlr_schedule = "linear"\n'))
+
+
+@pytest.mark.dist
+def test_resume_under_other_steps_keeps_the_lr_schedule_total(tmp_path):
+    """The checkpoint stores the schedule's total: a resume with other ``steps`` keeps it."""
+    import shutil
+
+    ref_dir, out_dir, d = tmp_path / "ref", tmp_path / "out", tmp_path / "ck"
+    ref = launch(
+        _scheduled(6),
+        2,
+        _opts(checkpoint_every=3, checkpoint_dir=str(d), save_dir=str(ref_dir)),
+        timeout_s=120,
+    )
+    assert ck.latest(d).meta()["lr_schedule_steps"] == 6
+    # from step 3 under steps = 5: step 3 updates at the 6-step schedule's LR (before, at
+    # the 5-step one's), so step 4's loss equals the uninterrupted run's bit for bit
+    d3 = tmp_path / "ck3"
+    shutil.copytree(d, d3)
+    ck.discard_newer(d3, 3)
+    short = launch(_scheduled(5), 2, _opts(checkpoint_dir=str(d3), resume=True), timeout_s=120)
+    assert short["start_step"] == 3 and short["losses"] == ref["losses"][:5]
+    # from step 6 under steps = 8: past the schedule's end the LR stays at its final value
+    # (0 here), so the weights do not move; the new checkpoint keeps the original total
+    longer = _opts(checkpoint_every=2, checkpoint_dir=str(d), resume=True, save_dir=str(out_dir))
+    res = launch(_scheduled(8), 2, longer, timeout_s=120)
+    assert res["start_step"] == 6 and res["losses"][:6] == ref["losses"]
+    _equal_weights(ref_dir, out_dir, ["vision", "llm"])
+    assert ck.latest(d).next_step == 8 and ck.latest(d).meta()["lr_schedule_steps"] == 6
+
+
+def test_lr_steps_warning_and_progress_bar_of_a_resume(capsys):
+    from maestro.runtime.launch import _bar_kwargs, _lr_schedule_steps
+
+    cfg = _scheduled(30)
+    # a checkpoint written before the total was stored: the run's own steps, no warning
+    assert _lr_schedule_steps({"losses": []}, cfg, 0) == 30
+    assert _lr_schedule_steps({"lr_schedule_steps": 30}, cfg, 0) == 30
+    assert capsys.readouterr().out == ""
+    assert _lr_schedule_steps({"lr_schedule_steps": 20}, cfg, 1) == 20  # only rank 0 warns
+    assert capsys.readouterr().out == ""
+    assert _lr_schedule_steps({"lr_schedule_steps": 20}, cfg, 0) == 20
+    out = capsys.readouterr().out.splitlines()
+    assert out == [
+        "maestro train: resuming a run started with steps = 20 under steps = 30: the LR "
+        "schedule (vision, llm) keeps decaying over 20 steps (steps 20-29 train at its final "
+        "LR); start a fresh run to change it"
+    ]
+    assert _lr_schedule_steps({"lr_schedule_steps": 40}, cfg, 0) == 40
+    assert "stops at step 30, before the schedule's end" in capsys.readouterr().out
+    # constant schedules do not depend on the total: nothing to warn about
+    assert _lr_schedule_steps({"lr_schedule_steps": 20}, C.loads(MLLM), 0) == 20
+    assert capsys.readouterr().out == ""
+    # the bar continues from the resumed step
+    kw = _bar_kwargs(cfg, _opts(), 12)
+    assert kw["initial"] == 12 and kw["total"] == 30

@@ -153,3 +153,27 @@ def test_flat_allreduce_keeps_missing_gradients_missing(tmp_path):
         assert torch.equal(g["a"], torch.tensor([1.0, 2.0], dtype=torch.float64)), rank
         assert g["b"] is None, rank
         assert torch.equal(g["c"], torch.tensor([11.0], dtype=torch.float64)), rank
+
+
+def test_summary_table_fills_dp_and_mbs_of_colocated_groups():
+    """A colocated group's row (``"a+b"``) lists its members' own dp and micro-batch size."""
+    from maestro.runtime.launch import summary_table
+
+    layout = {"vision": {"dp": 2, "micro_batch_size": 3}, "llm": {"dp": 1, "micro_batch_size": 2}}
+    layout["audio"] = {"dp": 12, "micro_batch_size": 16}
+    result = {
+        "mode": "maestro",
+        "workload": "mllm",
+        "world_size": 14,
+        "samples_per_s": 1.0,
+        "measured_steps": 2,
+        "losses": [1.0],
+        "busy": {"vision+llm": 0.5, "audio": 0.25},
+        "seconds": {"vision+llm": {"forward": 0.1}},
+        "layout": layout,
+    }
+    lines = summary_table(result).splitlines()
+    assert lines[1].split()[:4] == ["section", "dp", "mbs", "busy"]
+    assert lines[2].split()[:5] == ["vision+llm", "2,1", "3,2", "50%", "0.100"]
+    assert lines[3].split()[:4] == ["audio", "12", "16", "25%"]
+    assert len({len(line) for line in lines[1:]}) == 1  # the columns line up

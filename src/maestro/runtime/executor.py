@@ -308,6 +308,8 @@ class MaestroWorker:
         self.label = f"{self.name}[{self.replica}]" + (f"tp{tp_index}" if lay.tp > 1 else "")
         #: ``"stop"`` (raise ``NonFiniteError``) or ``"skip"`` (no update on any rank)
         self.on_nonfinite = "stop"
+        #: the total steps the LR schedule decays over (a resume sets the checkpoint's)
+        self.lr_total_steps = config.steps
         #: sample ids this rank processed in the last step, and whether that step was skipped
         self.last_ids: list[int] = []
         self.last_skipped = False
@@ -677,7 +679,7 @@ class MaestroWorker:
                         pgrads.clip_grads(params, sc.grad_clip, mesh)  # all shards
                     else:
                         clip_grads(params, sc.grad_clip)
-                    set_lr(opt, sc, step, self.config.steps)
+                    set_lr(opt, sc, step, self.lr_total_steps)
                     opt.step()
         return reported
 

@@ -164,7 +164,9 @@ def _train(config, opts, rank, world, device) -> dict | None:
     tracer.label = worker.label
     if _PROGRESS is not None:
         _PROGRESS.set(section=worker.label)
-    start, prior_losses, log = _resume(config, opts, rank, worker)
+    start, prior_losses, log, lr_steps = _resume(config, opts, rank, worker)
+    # the LR schedule's total: the one the run started with (a resume keeps it)
+    worker.lr_total_steps = lr_steps
     labels = [None] * world
     dist.all_gather_object(labels, worker.label)
     sections = [lab.split("[")[0] for lab in labels]
@@ -181,8 +183,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
     if rank == 0 and opts.progress:
         from tqdm import tqdm
 
-        mode = "monolithic" if opts.monolithic else "maestro"
-        bar = tqdm(total=config.steps, desc=f"{mode} {config.workload}", unit="step")
+        bar = tqdm(**_bar_kwargs(config, opts, start))
     losses: list[float] = [0.0] * config.steps
     losses[:start] = prior_losses
     skipped: list[int] = []
@@ -204,7 +205,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
         if stats[-1] > 0:
             skipped.append(step)
         if mlog is not None:
-            mlog.write(_step_row(config, step, stats, sections, sinks, t_start, last_row))
+            mlog.write(_step_row(config, step, stats, sections, sinks, t_start, last_row, lr_steps))
         if bar is not None:
             if step >= warm:
                 elapsed = max(time.time() - t_start, 1e-9)
@@ -369,8 +370,22 @@ def _sink_sections(config: TrainConfig, monolithic: bool) -> list[str]:
     return [u for u, ms in config.units().items() if any(m not in used for m in ms)]
 
 
-def _step_row(config, step, stats, sections, sinks, t_start, last_row) -> dict:
-    """Rank 0's ``metrics.jsonl`` row of a training step (``maestro.runtime.evaluation``)."""
+def _bar_kwargs(config: TrainConfig, opts: RunOptions, start: int) -> dict:
+    """Rank 0's progress bar: over all ``config.steps``, from the step a resume starts at."""
+    mode = "monolithic" if opts.monolithic else "maestro"
+    return {
+        "total": config.steps,
+        "initial": start,
+        "desc": f"{mode} {config.workload}",
+        "unit": "step",
+    }
+
+
+def _step_row(
+    config, step, stats, sections, sinks, t_start, last_row, lr_steps: int | None = None
+) -> dict:
+    """Rank 0's ``metrics.jsonl`` row of a training step (``maestro.runtime.evaluation``);
+    ``lr_steps``: the LR schedule's total steps (default ``config.steps``)."""
     from maestro.runtime.local import lr_factor
 
     world = len(sections)
@@ -387,7 +402,7 @@ def _step_row(config, step, stats, sections, sinks, t_start, last_row) -> dict:
     row.update({f"loss/{n}": v for n, v in per_loss.items()})
     for n, sc in config.sections.items():
         if not sc.frozen:
-            row[f"lr/{n}"] = sc.lr * lr_factor(sc, step, config.steps)
+            row[f"lr/{n}"] = sc.lr * lr_factor(sc, step, lr_steps or config.steps)
     row["samples_per_s"] = config.global_batch / dt
     elapsed = max(now - t_start, 1e-9)
     busy = _per_section(sections, torch.tensor(vals[1 : 1 + world]) / elapsed)
@@ -410,14 +425,17 @@ def _evaluate(config, worker, done: int, sections, rank: int, world: int) -> dic
 
 
 def _resume(config, opts, rank, worker):
-    """Load the newest complete checkpoint when resuming; ``(start step, losses, sample log)``.
+    """Load the newest complete checkpoint when resuming; ``(start step, losses, sample log,
+    the LR schedule's total steps)``.
 
     Rank 0 picks the checkpoint and broadcasts its step, so every rank loads the same one.
+    The LR schedule keeps the total steps the run started with (``lr_schedule_steps`` in the
+    checkpoint; ``config.steps`` for a fresh run or a checkpoint written without it).
     """
     from maestro.runtime import checkpoint as ck
 
     if not opts.checkpoint_dir:
-        return 0, [], None
+        return 0, [], None, config.steps
     d = Path(opts.checkpoint_dir)
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
     resume = opts.resume or attempt > 0
@@ -446,6 +464,7 @@ def _resume(config, opts, rank, worker):
         raise ValueError(choice[0][len("error: ") :])
     start, sections, fmt = choice[0]
     prior: list[float] = []
+    lr_steps = config.steps
     if start > 0:
         found = ck.Checkpoint(d, start, sections, fmt)
         meta = found.meta()
@@ -453,6 +472,7 @@ def _resume(config, opts, rank, worker):
         if rank < len(meta["rng"]):
             ck.set_rng_state(meta["rng"][rank])
         prior = list(meta["losses"])[:start]
+        lr_steps = _lr_schedule_steps(meta, config, rank)
         if meta["scheduler"] != config.scheduler and rank == 0:
             print(
                 f"maestro: resuming with scheduler {config.scheduler!r} (checkpoint used "
@@ -461,7 +481,32 @@ def _resume(config, opts, rank, worker):
             )
     log = ck.SampleLog(d, rank, attempt)
     log.write(resume_from=start)
-    return start, prior, log
+    return start, prior, log, lr_steps
+
+
+def _lr_schedule_steps(meta: dict, config: TrainConfig, rank: int) -> int:
+    """The total steps a resumed run's LR schedule decays over: the checkpoint's (the run's
+    ``steps`` for a checkpoint written without it). Rank 0 prints one line when that differs
+    from ``config.steps`` and a trainable section's schedule depends on it (cosine, linear)."""
+    lr_steps = meta.get("lr_schedule_steps") or config.steps
+    if rank != 0 or lr_steps == config.steps:
+        return lr_steps
+    decaying = [
+        n for n, sc in config.sections.items() if not sc.frozen and sc.lr_schedule != "constant"
+    ]
+    if not decaying:
+        return lr_steps
+    if config.steps > lr_steps:
+        what = f"steps {lr_steps}-{config.steps - 1} train at its final LR"
+    else:
+        what = f"this run stops at step {config.steps}, before the schedule's end"
+    print(
+        f"maestro train: resuming a run started with steps = {lr_steps} under steps = "
+        f"{config.steps}: the LR schedule ({', '.join(decaying)}) keeps decaying over "
+        f"{lr_steps} steps ({what}); start a fresh run to change it",
+        flush=True,
+    )
+    return lr_steps
 
 
 def _save_checkpoint(config, opts, rank, world, worker, next_step, losses) -> None:
@@ -489,6 +534,8 @@ def _save_checkpoint(config, opts, rank, world, worker, next_step, losses) -> No
             "rng": rngs,
             "scheduler": config.scheduler,
             "scheduler_state": None,  # schedulers are pure functions of the batch
+            # the LR schedule is a pure function of (step, this total): a resume keeps it
+            "lr_schedule_steps": worker.lr_total_steps,
             "mode": "monolithic" if opts.monolithic else "maestro",
             "world_size": world,
             "fingerprint": ck.fingerprint(config),
@@ -522,21 +569,46 @@ def _per_section_totals(
     return {n: {c: v / count[n] for c, v in d.items()} for n, d in out.items()}
 
 
+def _unit_layout(layout: dict, name: str, key: str) -> str:
+    """A summary row's ``dp`` or micro-batch size: the section's, or a colocated group's
+    (``"a+b"``) members' own, comma-separated in the name's order."""
+    if name in layout:
+        return str(layout[name].get(key, ""))
+    members = name.split("+")
+    if len(members) > 1 and all(m in layout for m in members):
+        return ",".join(str(layout[m].get(key, "")) for m in members)
+    return ""
+
+
 def summary_table(result: dict) -> str:
-    """The end-of-run table: per section, its layout, busy fraction and seconds per step."""
+    """The end-of-run table: per section, its layout, busy fraction and seconds per step
+    (a colocated group's row lists its members' ``dp`` and ``mbs``, e.g. ``2,1``)."""
     cats = ["forward", "backward", "optimizer", "comm", "send", "wait", "schedule"]
-    head = f"{'section':<10}{'dp':>4}{'mbs':>5}{'busy':>7}" + "".join(f"{c:>10}" for c in cats)
+    rows = [
+        (
+            name,
+            _unit_layout(result["layout"], name, "dp"),
+            _unit_layout(result["layout"], name, "micro_batch_size"),
+            busy,
+        )
+        for name, busy in result["busy"].items()
+    ]
+    wn = max([10] + [len(r[0]) + 1 for r in rows])
+    wd = max([4] + [len(r[1]) + 1 for r in rows])
+    wm = max([5] + [len(r[2]) + 1 for r in rows])
+    head = f"{'section':<{wn}}{'dp':>{wd}}{'mbs':>{wm}}{'busy':>7}" + "".join(
+        f"{c:>10}" for c in cats
+    )
     lines = [
         f"{result['mode']} {result['workload']} on {result['world_size']} ranks: "
         f"{result['samples_per_s']:.2f} samples/s over {result['measured_steps']} steps, "
         f"final loss {result['losses'][-1]:.4f} (seconds per step below)",
         head,
     ]
-    for name, busy in result["busy"].items():
-        lay = result["layout"].get(name, {})
+    for name, dp, mbs, busy in rows:
         sec = result["seconds"].get(name, {})
         lines.append(
-            f"{name:<10}{lay.get('dp', ''):>4}{lay.get('micro_batch_size', ''):>5}{busy:>7.0%}"
+            f"{name:<{wn}}{dp:>{wd}}{mbs:>{wm}}{busy:>7.0%}"
             + "".join(f"{sec.get(c, 0.0):>10.3f}" for c in cats)
         )
     return "\n".join(lines)

@@ -69,6 +69,8 @@ class MonolithicWorker:
             self.cost_model = runtime_cost_model(config, self.workload)
         self.label = f"model[{rank}]"
         self.on_nonfinite = "stop"
+        #: the total steps the LR schedule decays over (a resume sets the checkpoint's)
+        self.lr_total_steps = config.steps
         self.last_ids: list[int] = []
         self.last_skipped = False
         self.name = "model"
@@ -123,7 +125,7 @@ class MonolithicWorker:
             for name, o in self.optimizers.items():
                 sc = self.config.sections[name]
                 clip_grads(list(self.graph[name].module.parameters()), sc.grad_clip)
-                set_lr(o, sc, step, self.config.steps)
+                set_lr(o, sc, step, self.lr_total_steps)
                 o.step()
         return total
 
