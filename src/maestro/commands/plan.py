@@ -12,7 +12,8 @@ def register(sub) -> None:
         help="search per-section dp/tp/micro-batch layouts; GPU-hours against three "
         "monolithic baselines",
         description=(
-            "CONFIG is a paper-like scenario (kd, mllm, mllm-audio), a scenario file "
+            "CONFIG is a scenario (paper-like: kd-72b, mllm-vl, mllm-internvl; light: kd, mllm, "
+            "mllm-audio), a scenario file "
             "(examples/paper_*.toml) on analytical GPU presets, or a run config TOML timed "
             "on this machine. Prints the Maestro plan and three baselines, each the best "
             "monolithic plan under the same search: conventional (a, data order), careful "
@@ -22,7 +23,11 @@ def register(sub) -> None:
             "to match the tuned baseline's throughput."
         ),
     )
-    p.add_argument("config", metavar="CONFIG", help="kd | mllm | mllm-audio | path/to/file.toml")
+    p.add_argument(
+        "config",
+        metavar="CONFIG",
+        help="kd-72b | mllm-vl | mllm-internvl | kd | mllm | mllm-audio | path/to/file.toml",
+    )
     p.add_argument(
         "--gpus",
         type=int,

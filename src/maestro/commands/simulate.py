@@ -23,11 +23,16 @@ def register(sub) -> None:
         "simulate",
         help="replay a schedule on a cost model: step time, utilisation, bubbles, Gantt PNG",
         description=(
-            "CONFIG is a paper-like scenario on analytical GPU presets (kd, mllm, mllm-audio) "
+            "CONFIG is a scenario on analytical GPU presets (paper-like: kd-72b, mllm-vl, "
+            "mllm-internvl; light: kd, mllm, mllm-audio) "
             "or a run config TOML, simulated on a profile measured on this machine."
         ),
     )
-    p.add_argument("config", metavar="CONFIG", help="kd | mllm | mllm-audio | path/to/run.toml")
+    p.add_argument(
+        "config",
+        metavar="CONFIG",
+        help="kd-72b | mllm-vl | mllm-internvl | kd | mllm | mllm-audio | path/to/run.toml",
+    )
     p.add_argument(
         "--gpus",
         type=int,
