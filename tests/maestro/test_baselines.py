@@ -217,6 +217,11 @@ def test_baselines_plan_the_batch_as_other_systems_run_it(kd16, monkeypatch):
     seen.clear()
     R.compare(kd16, 16, match=False)  # none given: the baselines plan Maestro's batch
     assert all(x is kd16.samples for _, x, _ in seen)
+    # maestro plan's progress bar: one call before each search, in the order they run
+    monkeypatch.setattr(R, "gpus_to_match", lambda *a, **k: None)
+    said = []
+    R.compare(kd16, 16, progress=said.append)
+    assert said == ["maestro", *(b.label for b in R.BASELINES), "match"]
 
 
 @pytest.fixture(scope="module")

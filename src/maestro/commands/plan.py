@@ -135,7 +135,24 @@ def run(args: argparse.Namespace) -> int:
         objective="step_time" if run else "gpu_hours",
         monolithic_order="data" if run else "cost",
     )
-    c = compare(wl, wl.gpus, opts)
+    from tqdm import tqdm
+
+    from maestro.plan.report import BASELINES
+
+    # a bar on stderr over the searches (seconds to minutes each at hundreds of GPUs); tqdm
+    # stays silent when stderr is not a terminal
+    with tqdm(
+        total=len(BASELINES) + 2, desc="planning", unit="search", leave=False, disable=None
+    ) as bar:
+        started = []
+
+        def say(label: str) -> None:
+            if started:  # the previous search is done
+                bar.update(1)
+            started.append(label)
+            bar.set_postfix_str(label.split(" (")[0])
+
+        c = compare(wl, wl.gpus, opts, progress=say)
     print(format_comparison(wl.label, wl.gpus, c))
     if args.target_samples_per_s is not None:
         got = gpus_to_match(

@@ -159,7 +159,11 @@ class Comparison:
 
 
 def compare(
-    wl: Workload, gpus: int, options: SearchOptions | None = None, match: bool = True
+    wl: Workload,
+    gpus: int,
+    options: SearchOptions | None = None,
+    match: bool = True,
+    progress=None,
 ) -> Comparison:
     """Plan Maestro and the three baselines under the same search options.
 
@@ -167,12 +171,18 @@ def compare(
     replaces it with its own sampler (``BASELINES``), whatever it is. The baselines plan
     ``wl.baseline_samples`` when the workload has them (the batch as other systems run it,
     e.g. a blank image tile for a text-only sample), else the same batch as Maestro.
+    ``progress(label)``, when given, is called before each search (``maestro``, each
+    baseline's label, ``match``): ``maestro plan`` shows it as a progress bar.
     """
     opts = options or SearchOptions()
+    say = progress or (lambda label: None)
+    say("maestro")
     m = plan_maestro(wl.samples, wl.sections, wl.cost_model, gpus, opts)
     theirs = wl.samples if wl.baseline_samples is None else wl.baseline_samples
-    base = {
-        b.attr: plan_monolithic(
+    base = {}
+    for b in BASELINES:
+        say(b.label)
+        base[b.attr] = plan_monolithic(
             theirs,
             wl.sections,
             wl.cost_model,
@@ -180,11 +190,10 @@ def compare(
             replace(opts, monolithic_order=b.order),
             baseline=True,
         )
-        for b in BASELINES
-    }
     mono = base.pop("monolithic")
     found = None
     if match:
+        say("match")
         # one simulated layout per family keeps the binary search affordable at 1,024 GPUs
         quick = replace(opts, simulate_top=1)
         found = gpus_to_match(
