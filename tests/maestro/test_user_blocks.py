@@ -343,38 +343,21 @@ def test_planner_sees_the_declared_plan():
     assert "no tensor-parallel plan" in module_tp_refusal(net, "sections.s")
 
 
-VISION_FSDP = """
-global_batch = 10
-steps = 1
-seed = 2
-[workload]
-name = "mllm"
-vocab_size = 32
-seq_len_min = 4
-seq_len_max = 14
-llm_dim = 8
-llm_layers = 1
-heads = 2
-vision_dim = 8
-vision_layers = 1
-image_patches = 3
-patch_dim = 6
-[sections.vision]
-fsdp = 2
-micro_batch_size = 3
-lr = 0.01
-[sections.llm]
-micro_batch_size = 2
-lr = 0.1
-"""
-
-
 @pytest.mark.dist
 def test_fsdp_producer_root_gives_no_view_warning(tmp_path, capfd):
     """A trainable FSDP producer returns per-sample slices (views) from its root: FSDP2's
     in-place warning does not apply there (the executor never writes them) and is not shown."""
+    from dist_cases import MLLM
+
+    text = MLLM.format(
+        dtype="float32",
+        scheduler="wavefront",
+        mix="{ text = 0.4, image = 0.6 }",
+        audio="",
+        llm_dp=1,
+    ).replace("[sections.vision]\ndp = 1", "[sections.vision]\nfsdp = 2")
     path = tmp_path / "run.toml"
-    path.write_text(VISION_FSDP)
+    path.write_text(text.replace("steps = 3", "steps = 1"))
     res = launch(C.load(path), opts=RunOptions(progress=False))
     assert len(res["losses"]) == 1
     assert "returned a view tensor" not in capfd.readouterr().err
