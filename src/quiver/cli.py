@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 
 from quiver import __version__
@@ -24,11 +25,49 @@ COMMAND_MODULES = [
 ]
 
 
+#: a comma-separated list of integers with a negative one first, e.g. ``-1,-1`` or ``-1,10``
+_NEGATIVE_INT_LIST = re.compile(r"^-\d+(,-?\d+)*$")
+
+
+class _Parser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` that reads ``--fanouts -1,-1`` as ``--fanouts=-1,-1``.
+
+    argparse takes a word that starts with ``-`` for an option unless it is one negative
+    number, so ``--fanouts -1,-1`` (all neighbours, as README.md writes it) failed with
+    "expected one argument". A comma list of integers that follows an option taking one value
+    is attached to it. Sub-command parsers are of this class too (``add_subparsers`` makes
+    them so), and each attaches the values of its own options.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self._attach_int_lists(args), namespace)
+
+    def _attach_int_lists(self, args: list[str]) -> list[str]:
+        out: list[str] = []
+        i = 0
+        while i < len(args):
+            word = args[i]
+            if word == "--":  # everything after it is positional
+                return out + args[i:]
+            action = self._option_string_actions.get(word)
+            if (
+                action is not None
+                and action.nargs is None  # takes exactly one value
+                and i + 1 < len(args)
+                and _NEGATIVE_INT_LIST.match(args[i + 1])
+            ):
+                out.append(f"{word}={args[i + 1]}")
+                i += 2
+                continue
+            out.append(word)
+            i += 1
+        return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Build the argument parser with every registered sub-command."""
-    parser = argparse.ArgumentParser(
-        prog="quiver", description="Quiver: low-latency GNN serving (CPU and GPU)."
-    )
+    parser = _Parser(prog="quiver", description="Quiver: low-latency GNN serving (CPU and GPU).")
     parser.add_argument("--version", action="version", version=f"quiver {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:

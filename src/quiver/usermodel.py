@@ -68,6 +68,7 @@ __all__ = [
     "CONVENTIONS",
     "DEGREE_NORMALISED",
     "ServedModel",
+    "export_layers",
     "import_factory",
     "load_served_model",
     "message_passing_layers",
@@ -163,6 +164,9 @@ class ServedModel(nn.Module):
         embeddable: whether embeddings can be served (default: the model has ``embed`` or a
             ``MessagePassing`` layer); when False, :attr:`has_embedding` is False and the
             engine refuses ``output: "embedding"`` with a 422.
+        num_layers: the message-passing layers ``module`` runs, when its submodules do not
+            show them (a ``torch.export`` program's, see :func:`export_layers`); default: its
+            top-level ``MessagePassing`` modules.
         source: a short description for messages (e.g. the factory spec).
 
     Attributes:
@@ -177,6 +181,7 @@ class ServedModel(nn.Module):
         extra_hops: int | None = None,
         pass_counts: bool | None = None,
         embeddable: bool | None = None,
+        num_layers: int | None = None,
         source: str = "",
     ):
         super().__init__()
@@ -198,7 +203,7 @@ class ServedModel(nn.Module):
             _accepts_counts(module) if pass_counts is None else bool(pass_counts)
         ) and self.frontier
         self._layers = message_passing_layers(module)
-        self.num_layers = len(self._layers)
+        self.num_layers = len(self._layers) if num_layers is None else int(num_layers)
         self._embed = getattr(module, "embed", None)
         if not callable(self._embed):
             self._embed = None
@@ -422,6 +427,71 @@ def _is_state_dict(obj) -> bool:
     return isinstance(obj, dict) and bool(obj) and all(isinstance(v, Tensor) for v in obj.values())
 
 
+def _type_name(t) -> str:
+    """``package.module.Class`` of an ``nn_module_stack`` entry's type (a name or a class)."""
+    if isinstance(t, type):
+        return f"{t.__module__}.{t.__qualname__}"
+    return str(t)
+
+
+def _is_message_passing(type_name: str) -> bool:
+    """Whether ``type_name`` names a ``MessagePassing`` class already imported (none is)."""
+    try:
+        from torch_geometric.nn import MessagePassing
+    except ImportError:  # pragma: no cover - torch_geometric is a dependency
+        return False
+    mod_name, _, cls_name = type_name.rpartition(".")
+    cls = getattr(sys.modules.get(mod_name), cls_name, None)
+    return isinstance(cls, type) and issubclass(cls, MessagePassing)
+
+
+def export_layers(program) -> tuple[int, bool]:
+    """``(message-passing layers, whether one normalises by degree)`` of a torch.export program.
+
+    ``program.module()`` keeps only the parameters' module paths, not the classes, so neither
+    :func:`message_passing_layers` nor the degree check sees a layer in it; the program's
+    nodes record the modules they were traced in (``nn_module_stack``: path and class name).
+    A module is a message-passing layer when its class is a ``MessagePassing`` (looked up
+    among the modules already imported; nothing is imported) or it ran an ``aggr_module``
+    (what ``MessagePassing.propagate`` calls); the layers counted are those inside no other.
+    A layer of a :data:`DEGREE_NORMALISED` class normalises unless every operation traced in
+    it has a stack trace and none of them comes from a ``*norm`` call (``normalize=False``).
+
+    Returns ``(0, False)`` when the program shows no message-passing layer.
+    """
+    types: dict[str, str] = {}
+    traces: dict[str, list] = {}
+    for node in program.graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        trace = node.meta.get("stack_trace")
+        for path, t in stack.values():
+            path = str(path)
+            types.setdefault(path, _type_name(t))
+            traces.setdefault(path, []).append(trace)
+    layers = {
+        path
+        for path, t in types.items()
+        if _is_message_passing(t) or (f"{path}.aggr_module" if path else "aggr_module") in types
+    }
+
+    def inside_another(path: str) -> bool:  # the root module's path is ""
+        if not path:
+            return False
+        parts = path.split(".")
+        return any(".".join(parts[:i]) in layers for i in range(len(parts)))
+
+    top = sorted(p for p in layers if not inside_another(p))
+    degrees = False
+    for path in top:
+        if types[path].rpartition(".")[2] not in DEGREE_NORMALISED:
+            continue
+        seen = traces.get(path, [])
+        traced = bool(seen) and all(seen)
+        if not traced or any("norm(" in t for t in seen):
+            degrees = True
+    return len(top), degrees
+
+
 def load_served_model(
     checkpoint,
     model: str | None = None,
@@ -472,11 +542,15 @@ def load_served_model(
             raise ValueError(
                 f"--checkpoint {path}: cannot load the torch.export archive ({_one_line(e)})"
             ) from None
+        convention = convention or "edge_index"
+        num_layers, degrees = export_layers(program)
         served = ServedModel(
             program.module(),
-            convention or "edge_index",
+            convention,
+            extra_hops=1 if (degrees and convention == "edge_index") else 0,
             pass_counts=False,
             embeddable=False,
+            num_layers=num_layers,
             source=f"the torch.export archive {path.name}",
         )
         return served, _info(served, f"torch.export {path.name}", None)

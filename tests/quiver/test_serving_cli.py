@@ -175,3 +175,28 @@ def test_served_logits_equal_an_offline_forward(trained, feature_cache):
     want = want.numpy()[[row[n] for n in nodes]]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert np.abs(want).max() > 1e-3  # a real signal, not zeros
+
+
+@pytest.mark.parametrize(
+    "argv,dest",
+    [
+        (["serve", "data", "--checkpoint", "m.pt2", "--fanouts", "-1,-1"], "fanouts"),
+        (["bench", "data", "--checkpoint", "m.pt2", "--fanouts", "-1,-1"], "fanouts"),
+        (["train-model", "data", "--out", "c.pt", "--fanouts", "-1,-1"], "fanouts"),
+        (["calibrate", "data", "--sizes", "-1,-1"], "sizes"),
+        (["partition", "data", "--hosts", "2", "--sizes", "-1,-1"], "sizes"),
+    ],
+)
+def test_negative_fanout_lists_parse_as_the_readme_writes_them(argv, dest):
+    """``--fanouts -1,-1`` (argparse alone takes ``-1,-1`` for an option) means ``=-1,-1``."""
+    from quiver.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    assert getattr(args, dest) == "-1,-1"
+    assert "data" in vars(args).values()
+    # followed by another option, mixed signs, and the forms that already worked
+    args = parser.parse_args([*argv[:-1], "5,-1", "--seed", "-1"])
+    assert getattr(args, dest) == "5,-1" and (argv[0] != "serve" or args.seed == -1)
+    assert getattr(parser.parse_args([*argv[:-2], f"--{dest}=-1,-1"]), dest) == "-1,-1"
+    assert getattr(parser.parse_args([*argv[:-1], "-1"]), dest) == "-1"

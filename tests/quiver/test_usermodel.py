@@ -260,6 +260,8 @@ def test_torch_export_archive(world):
     program = torch.export.export(module, (x, ei), dynamic_shapes=({0: nodes}, {1: edges}))
     path = world["dir"] / "sage.pt2"
     torch.export.save(program, path)
+    _, info = load_served_model(path)
+    assert (info["num_layers"], info["extra_hops"]) == (2, 0)  # read from the program
     server = Server.from_dataset(world["data"], path, fanouts=[-1, -1], seed=0)
     with server:
         res = server.predict(NODES, "logits")
@@ -269,6 +271,67 @@ def test_torch_export_archive(world):
     with torch.inference_mode():
         full = module(x, ei)[NODES].numpy()
     assert np.abs(res.values - full).max() <= 1e-4
+
+
+def _export(module, x, edge_index, path):
+    nodes, edges = torch.export.Dim("nodes", min=2), torch.export.Dim("edges", min=2)
+    program = torch.export.export(module, (x, edge_index), dynamic_shapes=({0: nodes}, {1: edges}))
+    torch.export.save(program, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def gcn_pt2(world):
+    """The 2-layer GCN of ``world`` exported with torch.export."""
+    return _export(world["modules"]["gcn"], world["x"], world["edge_index"], world["dir"] / "g.pt2")
+
+
+def test_torch_export_gcn_reads_its_layers_and_degrees(world, gcn_pt2):
+    """The export's layers and degree normalisation are read from the program itself."""
+    served, info = load_served_model(gcn_pt2)
+    assert info["num_layers"] == 2 and info["extra_hops"] == 1 and info["frontier"]
+    eager, eager_info = load_served_model(world["ckpts"]["gcn"], "quiver_test_factories:gcn")
+    assert (info["num_layers"], info["extra_hops"]) == (
+        eager_info["num_layers"],
+        eager_info["extra_hops"],
+    )
+
+
+def test_torch_export_gcn_with_one_fanout_per_layer_is_exact(world, gcn_pt2):
+    """Two fanouts for the two-layer exported GCN: its degrees' extra hop is sampled too."""
+    module = world["modules"]["gcn"]
+    server = Server.from_dataset(world["data"], gcn_pt2, fanouts=[-1, -1], seed=0)
+    with server:
+        res = server.predict(NODES, "logits")
+    with torch.inference_mode():
+        full = module(world["x"], world["edge_index"])[NODES].numpy()
+    assert np.abs(res.values - full).max() <= 1e-4
+
+    # sampled fanouts: the exported program's answers are its eager source's on the subgraph
+    server = Server.from_dataset(world["data"], gcn_pt2, fanouts=[3, 2], seed=0)
+    server.engine.record = True
+    with server:
+        res = server.predict(NODES, "logits")
+    seeds, n_id, adjs = server.engine.recorded[-1]
+    assert len(adjs) == 3  # two layers and the extra hop
+    with torch.inference_mode():
+        offline = module(world["x"][n_id], _edge_index_of(adjs))[: len(seeds)].numpy()
+    row = {int(s): i for i, s in enumerate(seeds)}
+    assert np.abs(res.values - offline[[row[v] for v in NODES]]).max() <= 1e-5
+
+
+@pytest.mark.parametrize("fanouts", [[-1], [-1, -1, -1]])
+def test_torch_export_fanouts_not_one_per_layer_are_refused(world, gcn_pt2, fanouts, capsys):
+    from quiver.cli import main as quiver_main
+
+    with pytest.raises(ValueError, match=f"{len(fanouts)} fanouts .* has 2 message-passing"):
+        Server.from_dataset(world["data"], gcn_pt2, fanouts=fanouts)
+    text = ",".join(str(k) for k in fanouts)
+    argv = ["serve", str(world["data"]), "--checkpoint", str(gcn_pt2), "--port", "0"]
+    assert quiver_main([*argv, "--fanouts", text]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"{len(fanouts)} fanouts" in err and "2 message-passing layers" in err
 
 
 def test_pickled_module_needs_trust_pickle(world):

@@ -139,9 +139,14 @@ class Server:
         if any(k == 0 or k < -1 for k in fanouts):
             raise ValueError(f"--fanouts must be positive or -1 (all neighbours), got {fanouts}")
         if minfo["num_layers"] and len(fanouts) != minfo["num_layers"]:
+            extra = (
+                " (the extra hop its degree normalisation needs is sampled without one)"
+                if minfo["extra_hops"]
+                else ""
+            )
             raise ValueError(
                 f"{len(fanouts)} fanouts {fanouts} but the model has {minfo['num_layers']} "
-                "message-passing layers; give one per layer with --fanouts"
+                f"message-passing layers; give one per layer with --fanouts{extra}"
             )
         in_dim = minfo.get("in_dim")
         if in_dim is not None and in_dim != ds.features.shape[1]:
