@@ -92,6 +92,16 @@ def param_dtype(config, frozen: bool) -> torch.dtype:
     return compute_dtype(config)
 
 
+def _check_map_style(ds, where: str) -> None:
+    """``ValueError`` naming ``where`` unless ``ds`` is a non-empty map-style dataset."""
+    if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
+        raise ValueError(
+            f"{where}: need a map-style dataset (__len__ and __getitem__), got {type(ds).__name__}"
+        )
+    if len(ds) == 0:
+        raise ValueError(f"{where}: the dataset is empty")
+
+
 def _numeric(v) -> bool:
     x = v
     while isinstance(x, (list, tuple)) and x:
@@ -186,13 +196,7 @@ class Job:
         if (dataset is None) == (batches is None):
             raise ValueError("Job: give exactly one of dataset= (records) or batches= (a function)")
         if dataset is not None:
-            if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
-                raise ValueError(
-                    "Job(dataset=...): need a map-style dataset (__len__ and __getitem__), got "
-                    f"{type(dataset).__name__}"
-                )
-            if len(dataset) == 0:
-                raise ValueError("Job(dataset=...): the dataset is empty")
+            _check_map_style(dataset, "Job(dataset=...)")
         self.sections = sections
         self.dataset = dataset
         self._batches = batches
@@ -464,13 +468,7 @@ def eval_dataset(job, config):
         ds = train.with_path(key)
     elif own is not None:
         ds = own
-        if not hasattr(ds, "__getitem__") or not hasattr(ds, "__len__"):
-            raise ValueError(
-                "eval: job.eval_dataset must be a map-style dataset (__len__ and __getitem__), "
-                f"got {type(ds).__name__}"
-            )
-        if len(ds) == 0:
-            raise ValueError("eval: job.eval_dataset is empty")
+        _check_map_style(ds, "eval: job.eval_dataset")
     else:
         raise ValueError(
             "eval.data: missing; name a JSONL file of eval records (for a JsonlDataset job) or "

@@ -209,6 +209,15 @@ def user_plan(block: nn.Module, spec: Parallelism | None) -> Mapping[str, Any] |
     return dict(plan) if plan else None
 
 
+#: the width a column- or row-wise split divides, per module type
+_SPLIT_DIMS = (
+    (nn.Linear, "column", "out_features"),
+    (nn.Linear, "row", "in_features"),
+    (nn.Embedding, "column", "embedding_dim"),
+    (nn.Embedding, "row", "num_embeddings"),
+)
+
+
 def check_user_plan(
     block: nn.Module, plan: Mapping[str, Any], spec: Parallelism, tp: int, where: str
 ) -> None:
@@ -231,29 +240,13 @@ def check_user_plan(
         if not isinstance(style, (ColwiseParallel, RowwiseParallel)):
             continue
         kind = "column" if isinstance(style, ColwiseParallel) else "row"
-        if isinstance(sub, nn.Linear):
-            dim, width = (
-                ("out_features", sub.out_features)
-                if kind == "column"
-                else (
-                    "in_features",
-                    sub.in_features,
-                )
-            )
-        elif isinstance(sub, nn.Embedding):
-            dim, width = (
-                ("embedding_dim", sub.embedding_dim)
-                if kind == "column"
-                else (
-                    "num_embeddings",
-                    sub.num_embeddings,
-                )
-            )
-        else:
+        dim = next((d for cls_, k, d in _SPLIT_DIMS if isinstance(sub, cls_) and k == kind), None)
+        if dim is None:
             raise ValueError(
                 f"{where}.tp: {cls}.{path} is a {type(sub).__name__}; a {kind}-wise split "
                 "needs an nn.Linear or nn.Embedding (Parallelism.tp_plan)"
             )
+        width = getattr(sub, dim)
         if width % tp:
             raise ValueError(f"{where}.tp={tp} must divide {cls}.{path}.{dim}={width}")
     for name in spec.tp_divides:
@@ -281,10 +274,11 @@ def plan_divisor(block: nn.Module, spec: Parallelism) -> int:
             sub = block.get_submodule(path)
         except AttributeError:
             continue
-        if isinstance(sub, nn.Linear) and isinstance(style, ColwiseParallel):
-            g = math.gcd(g, sub.out_features)
-        elif isinstance(sub, nn.Linear) and isinstance(style, RowwiseParallel):
-            g = math.gcd(g, sub.in_features)
+        if isinstance(style, (ColwiseParallel, RowwiseParallel)):
+            kind = "column" if isinstance(style, ColwiseParallel) else "row"
+            for cls_, k, dim in _SPLIT_DIMS:
+                if isinstance(sub, cls_) and k == kind:
+                    g = math.gcd(g, getattr(sub, dim))
     for name in spec.tp_divides:
         v = getattr(block, name, None)
         if isinstance(v, int):

@@ -137,25 +137,6 @@ def add_sink_outputs(sums: dict[str, float], section: str, outs) -> None:
                 sums[k] = sums.get(k, 0.0) + x
 
 
-def sink_outputs(graph, samples) -> list[tuple[str, list]]:
-    """``[(sink, per-sample outputs)]`` of one whole-model forward over ``samples`` (the
-    ``--monolithic`` eval; call under ``no_grad``)."""
-    outputs: dict[str, dict[int, Any]] = {}
-    out = []
-    for sec in graph:
-        act = [s for s in samples if sec.activated(s)]
-        outputs[sec.name] = {}
-        if not act:
-            continue
-        ins = {p: [outputs[p].get(s["id"]) for s in act] for p in sec.inputs}
-        outs = sec.run(act, ins)
-        for s, o in zip(act, outs):
-            outputs[sec.name][s["id"]] = o
-        if graph.is_sink(sec.name):
-            out.append((sec.name, outs))
-    return out
-
-
 def eval_row(step: int, per_rank: list[dict[str, float]], norm: float, samples: int, seconds):
     """Rank 0's eval row from every rank's sums (``add_sink_outputs``)."""
     total: dict[str, float] = {}

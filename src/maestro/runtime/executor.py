@@ -499,6 +499,19 @@ class MaestroWorker:
         """Every rank that needs ``section``'s inputs for ``sample_id`` (its TP group)."""
         return self.layouts[section].replica_ranks(schedule.replica_of(section, sample_id))
 
+    def _send_outputs(self, consumers, ids, outs, active, schedule, tag, step) -> None:
+        """Send a micro-batch's per-sample outputs to every consumer rank that needs them: one
+        coalesced message per destination (the leader of a TP group sends; training and eval
+        alike)."""
+        for c in consumers if self.leader else ():
+            by_dst: dict[int, list[tuple[int, Outputs]]] = {}
+            for sid, o in zip(ids, outs):
+                if c in active[sid]:
+                    for dst in self._ranks_of(c, schedule, sid):
+                        by_dst.setdefault(dst, []).append((sid, o))
+            for dst, items in by_dst.items():
+                self.transport.send(dst, tag, items, step)
+
     def _pad_micro_batch(self, batch, active, step: int, k: int):
         """A forward (and, trainable, a zero backward) that changes no gradient.
 
@@ -602,14 +615,7 @@ class MaestroWorker:
                     outs = sec.run([batch[i] for i in ids], ins)
             with tr.span("send", "send", mb=k, step=step) as targs:
                 sent = self.transport.bytes_sent
-                for c in consumers if self.leader else ():
-                    by_dst: dict[int, list[tuple[int, Outputs]]] = {}
-                    for sid, o in zip(ids, outs):
-                        if c in active[sid]:
-                            for dst in self._ranks_of(c, schedule, sid):
-                                by_dst.setdefault(dst, []).append((sid, o))
-                    for dst, items in by_dst.items():
-                        self.transport.send(dst, tag_act, items, step)
+                self._send_outputs(consumers, ids, outs, active, schedule, tag_act, step)
                 targs["bytes"] = self.transport.bytes_sent - sent
             if k == 0:
                 kill_point(step, self.rank)
@@ -752,14 +758,7 @@ class MaestroWorker:
                         with no_grad():
                             outs = sec.run([batch[i] for i in ids], ins)
                     with tr.span("eval send", "send", mb=k):
-                        for c in consumers if self.leader else ():
-                            by_dst: dict[int, list[tuple[int, Outputs]]] = {}
-                            for sid, o in zip(ids, outs):
-                                if c in active[sid]:
-                                    for dst in self._ranks_of(c, schedule, sid):
-                                        by_dst.setdefault(dst, []).append((sid, o))
-                            for dst, items in by_dst.items():
-                                self.transport.send(dst, tag_act, items, vstep)
+                        self._send_outputs(consumers, ids, outs, active, schedule, tag_act, vstep)
                     if sink and self.leader:
                         ev.add_sink_outputs(sums, self.name, outs)
                 for j in range(num_pad):

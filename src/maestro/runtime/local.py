@@ -99,10 +99,11 @@ def clip_grads(params: Sequence[nn.Parameter], max_norm: float | None) -> float 
     return float(torch.nn.utils.clip_grad_norm_(grads, max_norm, foreach=False))
 
 
-def compound_loss(graph: SectionGraph, samples: Sequence[Sample]) -> torch.Tensor:
-    """Sum of the sinks' per-sample losses over ``samples`` (frozen sections under no_grad)."""
+def sink_outputs(graph: SectionGraph, samples: Sequence[Sample]) -> list[tuple[str, list[Outputs]]]:
+    """Run every section of ``graph`` on ``samples`` in dependency order (frozen sections
+    under no_grad); returns ``[(sink, per-sample outputs)]`` in graph order."""
     outputs: dict[str, dict[int, Outputs]] = {}
-    total = None
+    out = []
     for sec in graph:
         act = [s for s in samples if sec.activated(s)]
         outputs[sec.name] = {}
@@ -114,8 +115,16 @@ def compound_loss(graph: SectionGraph, samples: Sequence[Sample]) -> torch.Tenso
         for s, o in zip(act, outs):
             outputs[sec.name][s["id"]] = o
         if graph.is_sink(sec.name):
-            part = torch.stack([o["loss"] for o in outs]).sum()
-            total = part if total is None else total + part
+            out.append((sec.name, outs))
+    return out
+
+
+def compound_loss(graph: SectionGraph, samples: Sequence[Sample]) -> torch.Tensor:
+    """Sum of the sinks' per-sample losses over ``samples`` (frozen sections under no_grad)."""
+    total = None
+    for _, outs in sink_outputs(graph, samples):
+        part = torch.stack([o["loss"] for o in outs]).sum()
+        total = part if total is None else total + part
     assert total is not None, "no sink ran on these samples"
     return total
 

@@ -29,6 +29,7 @@ from maestro.runtime.local import (
     compound_loss,
     make_optimizer,
     set_lr,
+    sink_outputs,
 )
 from maestro.runtime.trace import Tracer
 from maestro.schedule.monolithic import (
@@ -77,6 +78,22 @@ class MonolithicWorker:
         self.guard_names = [s.name for s in self.graph if not s.frozen]
         self._batch_checked = False
 
+    def _schedule(self, batch):
+        """The batch's shards in the run's sampler order (cost-aware balance, token balance or
+        data order), cut into whole-model micro-batches: one rule for training and eval."""
+        infos = self.workload.sample_infos(batch, self.graph)
+        if self.cost_model is not None:
+            units = [(s.name, s.frozen) for s in self.specs]
+            infos = balanced_order(infos, self.world, self.cost_model, units)
+        elif self.config.monolithic_order == "tokens":
+            infos = token_balanced_order(infos, self.world)
+        return monolithic_schedule(
+            infos,
+            self.specs,
+            world_size=self.world,
+            micro_batch_size=self.config.monolithic_micro_batch_size,
+        )
+
     def step(self, step: int) -> float:
         """One data-parallel step; returns this rank's share of the loss."""
         with self.tracer.span("batch + schedule", "schedule"):
@@ -84,18 +101,7 @@ class MonolithicWorker:
             if not self._batch_checked:
                 check_same_batch(batch_fingerprint(batch), step)
                 self._batch_checked = True
-            infos = self.workload.sample_infos(batch, self.graph)
-            if self.cost_model is not None:
-                units = [(s.name, s.frozen) for s in self.specs]
-                infos = balanced_order(infos, self.world, self.cost_model, units)
-            elif self.config.monolithic_order == "tokens":
-                infos = token_balanced_order(infos, self.world)
-            sched = monolithic_schedule(
-                infos,
-                self.specs,
-                world_size=self.world,
-                micro_batch_size=self.config.monolithic_micro_batch_size,
-            )
+            sched = self._schedule(batch)
             mine = whole_micro_batches(sched, self.rank)
         norm = self.workload.normaliser(batch)
         for o in self.optimizers.values():
@@ -146,24 +152,13 @@ class MonolithicWorker:
                     except ValueError as e:
                         raise ValueError(f"eval batch {b}: {str(e).split(': ', 1)[-1]}") from None
                     self._eval_checked = True
-                infos = self.workload.sample_infos(batch, self.graph)
-                if self.cost_model is not None:
-                    units = [(s.name, s.frozen) for s in self.specs]
-                    infos = balanced_order(infos, self.world, self.cost_model, units)
-                elif self.config.monolithic_order == "tokens":
-                    infos = token_balanced_order(infos, self.world)
-                sched = monolithic_schedule(
-                    infos,
-                    self.specs,
-                    world_size=self.world,
-                    micro_batch_size=self.config.monolithic_micro_batch_size,
-                )
+                sched = self._schedule(batch)
                 norm_total += self.workload.normaliser(batch)
                 count += len(batch)
                 by_id = {s["id"]: s for s in batch}
                 for k, ids in enumerate(whole_micro_batches(sched, self.rank)):
                     with self.tracer.span("model eval fwd", "forward", mb=k), torch.no_grad():
-                        for name, outs in ev.sink_outputs(self.graph, [by_id[i] for i in ids]):
+                        for name, outs in sink_outputs(self.graph, [by_id[i] for i in ids]):
                             ev.add_sink_outputs(sums, name, outs)
         return sums, norm_total, count
 
