@@ -97,7 +97,17 @@ class SectionConfig:
     """Tensor-parallel degree (>= 1): this many ranks split every transformer block
     (attention heads and MLP columns, DTensor ``parallelize_module``) and share one
     micro-batch stream; heads and MLP width must divide by it. A section takes
-    ``dp * fsdp * tp`` ranks."""
+    ``dp * fsdp * pp * tp`` ranks."""
+    pp: int = 1
+    """Pipeline stages per replica (>= 1): the section's blocks (``maestro.Parallelism``)
+    are cut into ``pp`` contiguous stages on as many ranks (each stage a TP group of ``tp``
+    ranks, sharded by FSDP over ``fsdp``), and its micro-batches flow through them: 1F1B for a
+    sink, all forwards then all backwards for a section whose gradients come from consumers,
+    forward only when frozen. The first stage receives gradients' targets from producers and
+    the last sends outputs to consumers; parameters outside the blocks (embeddings, head) are
+    kept on every stage and their gradients summed over the stages. The section's forward
+    must run its blocks once per micro-batch, in order, each taking and returning the hidden
+    state. Not with ``group`` or ``zero``."""
     reshard_after_forward: bool = True
     """FSDP only: free each block's gathered parameters after its forward (gather again for
     the backward). ``false`` keeps them until the backward: less communication, more memory."""
@@ -128,8 +138,8 @@ class SectionConfig:
 
     @property
     def num_ranks(self) -> int:
-        """Ranks this section takes: ``dp * fsdp * tp``."""
-        return self.dp * self.fsdp * self.tp
+        """Ranks this section takes: ``dp * fsdp * pp * tp``."""
+        return self.dp * self.fsdp * self.pp * self.tp
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the first bad field (``where`` is the table path)."""
@@ -200,7 +210,7 @@ class SectionConfig:
                     f"{where}.max_in_flight bounds a frozen section's run-ahead; this section "
                     "is trainable (set frozen = true or remove the field)"
                 )
-        for f in ("fsdp", "tp"):
+        for f in ("fsdp", "tp", "pp"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{where}.{f} must be an integer >= 1, got {v!r}")
@@ -217,6 +227,16 @@ class SectionConfig:
             )
         if self.zero and self.frozen:
             raise ValueError(f"{where}.zero: a frozen section has no optimizer state")
+        if self.pp > 1 and self.zero:
+            raise ValueError(
+                f"{where}.pp: pipeline stages with zero = 1 are not supported; use fsdp to "
+                "shard each stage's optimizer state"
+            )
+        if self.pp > 1 and self.group is not None:
+            raise ValueError(
+                f"{where}.pp: a pipelined section cannot join colocated group "
+                f"{self.group!r}; give it its own ranks (remove group)"
+            )
         if self.recompute and self.frozen:
             raise ValueError(f"{where}.recompute: a frozen section keeps no activations")
         if self.group is not None and (not isinstance(self.group, str) or not self.group):
@@ -739,16 +759,19 @@ class TrainConfig:
         """``ValueError`` (one line, naming every section's degrees) unless the sections'
         ranks add up to ``world_size``."""
         if self.world_size != world_size:
-            plain = all(sc.fsdp == 1 and sc.tp == 1 for sc in self.sections.values())
+            plain = all(sc.num_ranks == sc.dp for sc in self.sections.values())
             if plain:
                 parts = ", ".join(f"{n}={sc.dp}" for n, sc in self.sections.items())
                 what = "the sum of dp"
             else:
+                pp = any(sc.pp > 1 for sc in self.sections.values())
                 parts = ", ".join(
-                    f"{n}=dp {sc.dp} x fsdp {sc.fsdp} x tp {sc.tp}"
+                    f"{n}=dp {sc.dp} x fsdp {sc.fsdp}"
+                    + (f" x pp {sc.pp}" if pp else "")
+                    + f" x tp {sc.tp}"
                     for n, sc in self.sections.items()
                 )
-                what = "the sum of dp x fsdp x tp"
+                what = "the sum of dp x fsdp" + (" x pp" if pp else "") + " x tp"
             if self.colocated:
                 what += " (a colocated group counted once)"
             raise ValueError(

@@ -191,6 +191,7 @@ def parallelize_section(
     *,
     mixed_precision: torch.dtype | None = None,
     where: str = "section",
+    blocks: list[nn.Module] | None = None,
 ) -> Strategy:
     """Apply the section config's strategy to ``section.module`` in place.
 
@@ -203,10 +204,13 @@ def parallelize_section(
         mixed_precision: ``torch.bfloat16``: FSDP gathers bf16 parameters and reduces fp32
             gradients (``MixedPrecisionPolicy``); the fp32 master weights stay sharded.
         where: the config table, for error messages.
+        blocks: the blocks to use (a pipeline stage's own, ``maestro.parallel.pipeline``);
+            ``None``: ``transformer_blocks`` of the module.
     """
     module = section.module
     spec = getattr(section, "parallel", None)
-    blocks = transformer_blocks(module, spec, where)
+    if blocks is None:
+        blocks = transformer_blocks(module, spec, where)
     st = Strategy(layout=layout, mesh=mesh, blocks=blocks)
     if layout.tp > 1:
         if spec is not None and spec.parallelize is not None:

@@ -1,7 +1,10 @@
 """Section layouts (device-free rank arithmetic) and the DeviceMesh of each section.
 
-A section's contiguous block of global ranks is arranged as a ``(dp, fsdp, tp)`` grid, TP
-innermost (a TP group's ranks are neighbours, on one node when possible). The data-parallel
+A section's contiguous block of global ranks is arranged as a ``(dp, fsdp, pp, tp)`` grid, TP
+innermost (a TP group's ranks are neighbours, on one node when possible), then the pipeline
+stages of one replica (``pp``; a replica's stages are neighbours too). Each stage of a
+pipelined section is laid out as a section of its own (``stage_layout``: the ranks at that
+stage index, a ``(dp, fsdp, tp)`` grid), so FSDP and TP apply per stage unchanged. The data-parallel
 coordinate of a rank, its *replica* in the schedule, is ``dp_index * fsdp + fsdp_index``, so
 a *shard group* (one FSDP mesh row: the ``fsdp`` replicas of one ``dp_index``) is ``fsdp``
 consecutive replicas, the simulator's ``maestro.schedule.timeline.shard_groups(dp * fsdp,
@@ -38,12 +41,16 @@ class SectionLayout:
     dp: int = 1
     fsdp: int = 1
     tp: int = 1
+    #: pipeline stages per replica (``pp``); each stage is a TP group
+    pp: int = 1
 
     def __post_init__(self) -> None:
-        if len(self.ranks) != self.dp * self.fsdp * self.tp:
+        n = self.dp * self.fsdp * self.pp * self.tp
+        if len(self.ranks) != n:
+            pp = f" x pp {self.pp}" if self.pp > 1 else ""
             raise ValueError(
-                f"sections.{self.name}: dp {self.dp} x fsdp {self.fsdp} x tp {self.tp} = "
-                f"{self.dp * self.fsdp * self.tp} ranks, but the section has {len(self.ranks)}"
+                f"sections.{self.name}: dp {self.dp} x fsdp {self.fsdp}{pp} x tp {self.tp} = "
+                f"{n} ranks, but the section has {len(self.ranks)}"
             )
 
     @property
@@ -57,16 +64,22 @@ class SectionLayout:
         return self.fsdp > 1 or self.tp > 1
 
     def coordinate(self, rank: int) -> tuple[int, int, int]:
-        """``(dp, fsdp, tp)`` indices of global ``rank`` (``ValueError`` if not in the section)."""
+        """``(dp, fsdp, tp)`` indices of global ``rank`` (``ValueError`` if not in the section;
+        its pipeline stage is ``stage_of``)."""
         try:
             i = self.ranks.index(rank)
         except ValueError:
             raise ValueError(f"rank {rank} is not in section {self.name!r}") from None
-        return i // (self.fsdp * self.tp), (i // self.tp) % self.fsdp, i % self.tp
+        per = self.pp * self.tp
+        return i // (self.fsdp * per), (i // per) % self.fsdp, i % self.tp
+
+    def stage_of(self, rank: int) -> int:
+        """The pipeline stage of ``rank`` (0 without ``pp``)."""
+        return (self.ranks.index(rank) // self.tp) % self.pp
 
     def replica_of(self, rank: int) -> int:
         """The data-parallel coordinate (schedule replica) of ``rank``."""
-        return self.ranks.index(rank) // self.tp
+        return self.ranks.index(rank) // (self.pp * self.tp)
 
     def shard_group(self, replica: int) -> list[int]:
         """The replicas of ``replica``'s FSDP mesh row (its own ``dp`` index): the ``fsdp``
@@ -80,24 +93,55 @@ class SectionLayout:
         return [self.shard_group(d * self.fsdp) for d in range(self.dp)]
 
     def replica_ranks(self, replica: int) -> list[int]:
-        """The TP group that runs ``replica``: every rank gets its inputs."""
-        return list(self.ranks[replica * self.tp : (replica + 1) * self.tp])
+        """The ranks that run ``replica`` (its TP group; every stage's under ``pp``): every
+        one gets the replica's inputs from producer sections."""
+        per = self.pp * self.tp
+        return list(self.ranks[replica * per : (replica + 1) * per])
+
+    def stage_ranks(self, replica: int, stage: int) -> list[int]:
+        """The TP group of pipeline stage ``stage`` of ``replica``."""
+        base = replica * self.pp * self.tp + stage * self.tp
+        return list(self.ranks[base : base + self.tp])
 
     def leader(self, replica: int) -> int:
-        """The rank of ``replica`` that sends its outputs and input gradients (TP index 0)."""
-        return self.ranks[replica * self.tp]
+        """The rank of ``replica`` that sends its outputs (TP index 0 of its last stage)."""
+        return self.stage_ranks(replica, self.pp - 1)[0]
+
+    def input_grad_leader(self, replica: int) -> int:
+        """The rank of ``replica`` that sends its input gradients back to its producers (TP
+        index 0 of its first stage; ``leader`` without ``pp``)."""
+        return self.stage_ranks(replica, 0)[0]
+
+    def output_ranks(self, replica: int) -> list[int]:
+        """The ranks holding ``replica``'s outputs, which receive their gradients (its last
+        stage's TP group)."""
+        return self.stage_ranks(replica, self.pp - 1)
 
     def tp_peers(self, rank: int) -> list[int]:
-        """The ranks that share ``rank``'s micro-batches (its TP group, itself included)."""
-        return self.replica_ranks(self.replica_of(rank))
+        """The ranks that share ``rank``'s micro-batches at its stage (its TP group, itself
+        included)."""
+        return self.stage_ranks(self.replica_of(rank), self.stage_of(rank))
 
     def dp_peers(self, rank: int) -> list[int]:
-        """Ranks holding the same TP shard in every replica (``rank``'s gradient-sum group)."""
-        t = self.ranks.index(rank) % self.tp
-        return list(self.ranks[t :: self.tp])
+        """Ranks holding the same shard (TP index and stage) in every replica (``rank``'s
+        gradient-sum group)."""
+        i = self.ranks.index(rank) % (self.pp * self.tp)
+        return list(self.ranks[i :: self.pp * self.tp])
+
+    def stage_layout(self, stage: int) -> SectionLayout:
+        """The ``(dp, fsdp, tp)`` layout of one pipeline stage's ranks (all replicas)."""
+        ranks = [r for rep in range(self.num_replicas) for r in self.stage_ranks(rep, stage)]
+        return SectionLayout(self.name, tuple(ranks), self.dp, self.fsdp, self.tp)
+
+    def pipeline_ranks(self, replica: int, tp_index: int) -> list[int]:
+        """One rank per stage of ``replica`` at TP index ``tp_index``, in stage order: the
+        group that sums the stages' shared (non-block) gradients."""
+        return [self.stage_ranks(replica, s)[tp_index] for s in range(self.pp)]
 
     def grid(self) -> list[list[list[int]]]:
-        """The ranks as nested ``[dp][fsdp][tp]`` lists (a DeviceMesh's ``mesh``)."""
+        """The ranks as nested ``[dp][fsdp][tp]`` lists (a DeviceMesh's ``mesh``; one stage's
+        ``stage_layout`` under ``pp``)."""
+        assert self.pp == 1, "a pipelined section's meshes are its stages'"
         it = iter(self.ranks)
         return [
             [[next(it) for _ in range(self.tp)] for _ in range(self.fsdp)] for _ in range(self.dp)
@@ -108,7 +152,7 @@ def section_layouts(config) -> dict[str, SectionLayout]:
     """Every section's layout from a ``TrainConfig`` (ranks from ``config.rank_layout()``)."""
     ranks = config.rank_layout()
     return {
-        n: SectionLayout(n, tuple(ranks[n]), sc.dp, sc.fsdp, sc.tp)
+        n: SectionLayout(n, tuple(ranks[n]), sc.dp, sc.fsdp, sc.tp, getattr(sc, "pp", 1))
         for n, sc in config.sections.items()
     }
 

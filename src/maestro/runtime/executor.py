@@ -175,8 +175,14 @@ class MaestroWorker:
         self.members = self.units[self.name]
         lay = self.layouts[self.name]
         self.replica = lay.replica_of(rank)
-        #: the TP leader of a replica sends its outputs and input gradients
+        #: the TP leader of a replica (of its last stage under ``pp``) sends its outputs
         self.leader = lay.leader(self.replica) == rank
+        #: the TP leader of the replica's first stage sends the gradients of its inputs
+        self.sends_input_grads = lay.input_grad_leader(self.replica) == rank
+        #: this rank's pipeline stage (``pp > 1``: ``maestro.parallel.pipeline.Stage``)
+        self.stage = None
+        self.stage_index = lay.stage_of(rank)
+        self.pp_group = None
         self.workload = get_workload(config)
         #: the job's own graph (for sample infos and costs) and the graph of units this rank
         #: runs (the same object without colocated groups)
@@ -201,6 +207,16 @@ class MaestroWorker:
                 made = self._group_comms(spec.name, device.type)
                 if spec.name == self.name:
                     self.member_comm = made
+            elif sl.pp > 1:
+                from maestro.runtime.pipeline import setup_comms
+
+                made = setup_comms(self, sl, device.type)
+                if spec.name == self.name:
+                    self.mesh, self.group, self.pp_group = (
+                        made["mesh"],
+                        made["group"],
+                        made["pp_group"],
+                    )
             elif sl.sharded:
                 m = build_section_mesh(sl, device.type)
                 if spec.name == self.name:
@@ -225,6 +241,11 @@ class MaestroWorker:
         self.member_parts: list = []
         if self.member_comm is not None:
             self._parallelize_members(config)
+        elif lay.pp > 1:
+            from maestro.runtime.pipeline import setup_stage
+
+            bf16 = torch.bfloat16 if config.dtype == "bfloat16" else None
+            setup_stage(self, sc, lay, bf16)
         elif lay.sharded:
             from maestro.parallel.apply import parallelize_section
 
@@ -305,7 +326,11 @@ class MaestroWorker:
         #: busiest one's micro-batch count; ``[replica]`` when nothing syncs
         self.lock_replicas = self._lock_replicas()
         tp_index = lay.coordinate(rank)[2]
-        self.label = f"{self.name}[{self.replica}]" + (f"tp{tp_index}" if lay.tp > 1 else "")
+        self.label = (
+            f"{self.name}[{self.replica}]"
+            + (f"pp{self.stage_index}" if lay.pp > 1 else "")
+            + (f"tp{tp_index}" if lay.tp > 1 else "")
+        )
         #: ``"stop"`` (raise ``NonFiniteError``) or ``"skip"`` (no update on any rank)
         self.on_nonfinite = "stop"
         #: the total steps the LR schedule decays over (a resume sets the checkpoint's)
@@ -495,6 +520,11 @@ class MaestroWorker:
         """The rank that sends ``section``'s messages about ``sample_id`` (its TP leader)."""
         return self.layouts[section].leader(schedule.replica_of(section, sample_id))
 
+    def _grad_src(self, section: str, schedule: Schedule, sample_id: int) -> int:
+        """The rank that sends ``section``'s input gradients about ``sample_id`` (its first
+        stage's TP leader)."""
+        return self.layouts[section].input_grad_leader(schedule.replica_of(section, sample_id))
+
     def _ranks_of(self, section: str, schedule: Schedule, sample_id: int) -> list[int]:
         """Every rank that needs ``section``'s inputs for ``sample_id`` (its TP group)."""
         return self.layouts[section].replica_ranks(schedule.replica_of(section, sample_id))
@@ -535,8 +565,9 @@ class MaestroWorker:
             return None
         return outs
 
-    def step(self, step: int) -> float:
-        """Run one training step; returns this rank's share of the (normalised) loss."""
+    def _prepare(self, step: int):
+        """The step's global batch (on this device), its schedule and sample infos: the same
+        on every rank, computed locally."""
         with self.tracer.span("batch + schedule", "schedule"):
             # every rank builds the same batch and schedule: no coordination needed
             batch = batch_to(self.workload.batch(step), self.device)
@@ -558,6 +589,15 @@ class MaestroWorker:
                     schedule = self.scheduler(infos, self.specs, self.cost_model)
                 check_schedule(schedule, infos, self.specs)
                 self._schedule_cache = (fp, schedule)
+        return batch, schedule, infos
+
+    def step(self, step: int) -> float:
+        """Run one training step; returns this rank's share of the (normalised) loss."""
+        if self.stage is not None:
+            from maestro.runtime.pipeline import pipeline_step
+
+            return pipeline_step(self, step)
+        batch, schedule, infos = self._prepare(step)
         cost = {i.sample_id: i.cost for i in infos}
         norm = self.workload.normaliser(batch)
         active = {i.sample_id: i.sections for i in infos}
@@ -642,7 +682,7 @@ class MaestroWorker:
                 for c in grad_from:
                     if c in active[sid]:
                         with tr.span(f"recv grad {c}", "wait", mb=k):
-                            g = self.transport.get(self._rank_of(c, schedule, sid), tag_grad, sid)
+                            g = self.transport.get(self._grad_src(c, schedule, sid), tag_grad, sid)
                         for key, gt in g.items():
                             if o[key].requires_grad:  # not a frozen group member's output
                                 tensors.append(o[key])
@@ -659,6 +699,12 @@ class MaestroWorker:
             with tr.span(f"{self.name} bwd", "backward", mb=k, step=step):
                 self._backward(tensors, grads)
             self._send_input_grads(received, schedule, tag_grad, step)
+        return self._step_tail(step, sink, loss_total)
+
+    def _step_tail(self, step: int, sink: bool, loss_total: float) -> float:
+        """After a step's micro-batches: flush, the non-finite guard, the gradient sums and
+        the optimizer step; returns this rank's share of the loss."""
+        tr = self.tracer
         with tr.span("flush sends", "wait"):
             self.transport.flush(before_step=step)
         assert not any(self.transport.inbox.values()), "unconsumed messages at end of step"
@@ -678,10 +724,19 @@ class MaestroWorker:
             elif self.dp_group is not None:  # TP replicas; HSDP across shard groups
                 with tr.span("all-reduce grads", "comm"):
                     pgrads.allreduce_grads(self.params, self.dp_group)
+            if self.stage is not None:
+                from maestro.runtime.pipeline import reduce_shared_grads
+
+                with tr.span("all-reduce shared grads (pp)", "comm"):
+                    reduce_shared_grads(self)
             with tr.span("optimizer", "optimizer"):
                 # one part per section (a colocated group's members each clip and step alone)
                 for sc, params, opt, mesh in self.opt_parts:
-                    if mesh is not None:
+                    if self.stage is not None:
+                        from maestro.runtime.pipeline import clip_pipeline_grads
+
+                        clip_pipeline_grads(self, sc.grad_clip)
+                    elif mesh is not None:
                         pgrads.clip_grads(params, sc.grad_clip, mesh)  # all shards
                     else:
                         clip_grads(params, sc.grad_clip)
@@ -737,6 +792,11 @@ class MaestroWorker:
                 mine = schedule.order[self.name][self.replica]
                 reps = schedule.order[self.name]
                 num_pad = max(len(reps[r]) for r in self.lock_replicas) - len(mine) if pad else 0
+                if self.stage is not None:
+                    from maestro.runtime.pipeline import pipeline_eval
+
+                    pipeline_eval(self, batch, schedule, active, vstep, sums)
+                    mine, num_pad = [], 0
                 for k, mb in enumerate(mine):
                     ids = mb.sample_ids
                     ins: dict[str, list[Outputs | None]] = {}
@@ -799,6 +859,10 @@ class MaestroWorker:
         """``{section: (module state, optimizer state)}`` this rank writes: replica 0's TP
         leader, whole tensors in a single-rank run's format (``maestro.parallel.state``), so
         any layout can resume from it. Collective over the section's ranks when it shards."""
+        if self.stage is not None:
+            from maestro.runtime.pipeline import checkpoint_parts
+
+            return checkpoint_parts(self, full=True)
         if self.member_comm is not None:
             from maestro.parallel import state as pstate
 
@@ -865,6 +929,11 @@ class MaestroWorker:
         from maestro.parallel import dcp as pdcp
         from maestro.runtime.checkpoint import section_dir
 
+        if any(sc.pp > 1 for sc in self.config.sections.values()):
+            raise ValueError(
+                "--checkpoint-format sharded: pipelined sections (pp > 1) write full "
+                "checkpoints only; use --checkpoint-format full"
+            )
         group = self._checkpoint_group()
         final = section_dir(d, next_step, self.name)
         opt, lay = self.optimizer, self._layout_dict()
@@ -908,6 +977,16 @@ class MaestroWorker:
             return
         if self.name not in ckpt.sections:
             raise ValueError(f"checkpoint has no state for section {self.name!r}")
+        if self.stage is not None:
+            if getattr(ckpt, "format", "full") == "sharded":
+                raise ValueError(
+                    f"sections.{self.name}.pp: a pipelined section resumes from full "
+                    "checkpoints only (--checkpoint-format full)"
+                )
+            from maestro.runtime.pipeline import load_checkpoint
+
+            load_checkpoint(self, ckpt.section(self.name))
+            return
         if getattr(ckpt, "format", "full") == "sharded":
             from maestro.parallel import dcp as pdcp
             from maestro.runtime.checkpoint import section_dir
@@ -976,12 +1055,13 @@ class MaestroWorker:
     def _send_input_grads(
         self, received: list[tuple[str, int, Outputs]], schedule: Schedule, tag: int, step: int
     ) -> None:
-        if not self.leader:  # TP peers hold the same (all-reduced) input gradients
+        if not self.sends_input_grads:  # TP peers hold the same (all-reduced) input gradients
             return
         by_dst: dict[int, list[tuple[int, Outputs]]] = {}
         for p, sid, got in received:
             g = _grads_of(got)
-            for dst in self._ranks_of(p, schedule, sid):
+            # the producer's ranks that hold the outputs (its last stage under pp)
+            for dst in self.layouts[p].output_ranks(schedule.replica_of(p, sid)):
                 by_dst.setdefault(dst, []).append((sid, g))
         with self.tracer.span("send grads", "send"):
             for dst, items in by_dst.items():
@@ -994,6 +1074,10 @@ class MaestroWorker:
     def state_dicts(self) -> dict[str, dict]:
         """``{section: state_dict}`` this rank saves (replica 0's TP leader), whole tensors;
         collective over the section's ranks when it shards."""
+        if self.stage is not None:
+            from maestro.runtime.pipeline import checkpoint_parts
+
+            return {n: sd for n, (sd, _) in checkpoint_parts(self, full=False).items()}
         if self._members_sharded:
             from maestro.parallel.state import full_module_state
 

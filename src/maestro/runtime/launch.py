@@ -794,6 +794,12 @@ def launch(
     if not opts.monolithic:
         config.check_world_size(nproc)
     opts.validate()
+    staged = [n for n, sc in config.sections.items() if sc.pp > 1]
+    if staged and opts.checkpoint_format == "sharded" and not opts.monolithic:
+        raise ValueError(
+            f"--checkpoint-format sharded: section {staged[0]!r} is pipelined (pp > 1), "
+            "which writes full checkpoints only; use --checkpoint-format full"
+        )
     if run_log_dir(config, opts) is not None:
         from maestro.runtime.evaluation import check_tensorboard
 
