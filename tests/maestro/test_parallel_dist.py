@@ -125,14 +125,29 @@ CASES = {
         "recompute = true",
         "dp = 2\ntp = 2\nzero = 1",
     ),
+    # pipeline stages (pp): a frozen teacher forward-only over 2 stages; the student's
+    # stages sharded by FSDP (padding micro-batches flow through both stages) and split by
+    # TP with recompute; the student's sink runs 1F1B, the vision producer every forward
+    # then every backward, its gradients reaching it from the LLM's first stage
+    "kd-teacher_pp2-student_pp2xfsdp2": ("kd", "pp = 2", "pp = 2\nfsdp = 2"),
+    "kd-student_pp2xtp2_recompute": ("kd", "", "pp = 2\ntp = 2\nrecompute = true"),
+    "mllm-vision_pp2-llm_pp2": ("mllm", "pp = 2", "pp = 2"),
 }
+
+#: blocks for two stages (the templates' teacher, vision encoder and LLM have one)
+STAGED = {"teacher_layers = 1": "teacher_layers = 2", "vision_layers = 1": "vision_layers = 2"}
+STAGED["llm_layers = 1"] = "llm_layers = 3"  # 3 blocks over 2 stages: an uneven cut
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_strategy_equals_reference(tmp_path, case):
     kind, first, second = CASES[case]
     if kind == "kd":
-        wavefront = case in ("kd-teacher_fsdp2-student_tp2_recompute", "kd-student_fsdp2xtp2")
+        wavefront = case in (
+            "kd-teacher_fsdp2-student_tp2_recompute",
+            "kd-student_fsdp2xtp2",
+            "kd-teacher_pp2-student_pp2xfsdp2",
+        )
         text = KD.format(
             teacher=first,
             student=second,
@@ -143,6 +158,9 @@ def test_strategy_equals_reference(tmp_path, case):
     else:
         text = MLLM.format(vision=first, llm=second)
         trained = ["vision", "llm"]
+    if "pp2" in case:
+        for a, b in STAGED.items():
+            text = text.replace(a, b)
     cfg, res = _run_and_compare(tmp_path, text, trained)
     if case == "kd-teacher_tp2-student_fsdp2":
         full = _replicated_bytes(cfg, "student")
@@ -204,6 +222,24 @@ def test_kd_fsdp_tp_checkpoint_resumes_under_dp1_and_zero(tmp_path):
     first = KD.format(teacher="tp = 2", student="fsdp = 2\ntp = 2", **kw)
     second = KD.format(teacher="", student="dp = 2\nzero = 1", **kw)
     _resume_across(tmp_path, first, second, ["student"])
+
+
+def test_pipelined_checkpoint_resumes_under_dp2_and_back(tmp_path):
+    """student pp=2 writes one whole-section file (its stages gathered) -> dp=2 resumes it;
+    and dp=2 zero=1 -> pp=2 x fsdp=2 (every stage loads its own share)."""
+    kw = {"scheduler": "fifo", "teacher_mbs": 4}
+    _resume_across(
+        tmp_path / "a",
+        KD.format(teacher="", student="pp = 2", **kw),
+        KD.format(teacher="", student="dp = 2", **kw),
+        ["student"],
+    )
+    _resume_across(
+        tmp_path / "b",
+        KD.format(teacher="", student="dp = 2\nzero = 1", **kw),
+        KD.format(teacher="", student="pp = 2\nfsdp = 2", **kw),
+        ["student"],
+    )
 
 
 def test_mllm_zero_checkpoint_resumes_under_fsdp(tmp_path):
