@@ -6,8 +6,9 @@ PIP    := $(PY) -m pip
 # Every install goes through constraints.txt: torch==2.13.0 (CPU wheel on local disk), never a CUDA build.
 PIPC   := $(PIP) install -c constraints.txt
 STAMP  := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: venv test demo lint format bench bench-env reliability clean
+.PHONY: venv test demo docs lint format bench bench-env reliability clean
 
 venv: $(STAMP)
 
@@ -25,13 +26,23 @@ demo: $(STAMP)
 	$(PY) -m quiver.demo
 	$(PY) -m maestro.demo
 
+# The documentation site (mkdocs.yml) into site/, offline. The `docs` extra is installed here, on
+# first use, never by `make venv`. --strict: a broken link, a page missing from the nav or a
+# reference that cannot be generated from the code (docs/hooks/reference.py) fails the build.
+$(DOCS_STAMP): $(STAMP)
+	$(PIPC) -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 HF_HUB_OFFLINE=1 $(PY) -m mkdocs build --strict --site-dir site
+
 lint: $(STAMP)
-	$(PY) -m ruff check src tests bench
-	$(PY) -m ruff format --check src tests bench
+	$(PY) -m ruff check src tests bench docs/hooks
+	$(PY) -m ruff format --check src tests bench docs/hooks
 
 format: $(STAMP)
-	$(PY) -m ruff check --fix src tests bench
-	$(PY) -m ruff format src tests bench
+	$(PY) -m ruff check --fix src tests bench docs/hooks
+	$(PY) -m ruff format src tests bench docs/hooks
 
 # Side-by-side benchmarks (long; never part of the tests). reliability.py and gpu_check.sh run
 # on their own: `make reliability`, and `bash bench/gpu_check.sh` on a machine with a GPU.
@@ -45,10 +56,10 @@ reliability: $(STAMP)
 
 # Baseline envs for the benchmarks (.bench-env/pyg: torch-scatter + torch-sparse built from source,
 # 20-60 min; .bench-env/dgl: torch 2.2.1 + dgl 2.1.0, ~2.8 GB download). Idempotent; never run by
-# test/CI. See README "Baselines".
+# test/CI. See docs/quiver/benchmarks.md, "Baseline environments".
 bench-env: $(STAMP)
 	bench/baselines/build_envs.sh all
 	$(PY) bench/baselines/check_envs.py --verify
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist site src/*.egg-info .pytest_cache .ruff_cache

@@ -52,17 +52,20 @@ def test_cli_without_command_prints_help_and_fails(prog):
     assert "usage" in out.stdout
 
 
-def test_readme_links_resolve_in_a_clone():
-    """Every relative link of the README and the docs points at a file of the repository."""
+def test_version_matches_pyproject_and_changelog():
+    """One version: pyproject.toml's, the installed metadata's (both packages report it) and
+    the newest entry of CHANGELOG.md."""
     import re
-    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
 
     root = Path(__file__).resolve().parents[1]
-    missing = []
-    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
-        for target in re.findall(r"\]\(([^)#\s]+)", doc.read_text()):
-            if "://" in target:
-                continue
-            if not (doc.parent / target).exists():
-                missing.append(f"{doc.relative_to(root)} -> {target}")
-    assert not missing, missing
+    version = tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"]
+    assert quiver.__version__ == maestro.__version__ == version, (
+        "installed metadata differs from pyproject.toml: reinstall (make venv)"
+    )
+    entries = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", (root / "CHANGELOG.md").read_text(), re.M)
+    assert entries and entries[0] == version, (entries[:1], version)

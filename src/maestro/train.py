@@ -37,7 +37,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", default=None, metavar="OUT.json", help="write a Chrome trace")
     p.add_argument("--save-dir", default=None, help="save each section's final weights here")
     p.add_argument("--result", default=None, metavar="OUT.json", help="write rank 0's results")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default="auto",
+        help="auto: CUDA with NCCL when a GPU is present, else CPU with gloo (default auto)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar or summary table")
     p.add_argument(
         "--checkpoint-every",

@@ -44,12 +44,41 @@ class PredictRequest(BaseModel):
 class PredictResponse(BaseModel):
     """Body of a successful prediction: one entry of ``values`` per requested node."""
 
-    nodes: list[int]
-    output: str
-    values: list
-    latency_ms: float
-    late: bool
-    path: str
+    nodes: list[int] = Field(..., description="the requested node ids, in order")
+    output: str = Field(..., description="the output asked for: class, logits or embedding")
+    values: list = Field(
+        ..., description="per node: a class id, a list of logits or a list of embedding values"
+    )
+    latency_ms: float = Field(..., description="time from arrival to answer inside the server")
+    late: bool = Field(..., description="whether the answer missed the request's deadline")
+    path: str = Field(..., description="the sampler that ran the batch: cpu or gpu")
+
+
+class ErrorResponse(BaseModel):
+    """Body of every error answer (4xx, 5xx): one message naming the problem."""
+
+    error: str = Field(..., description="what went wrong, e.g. \"unknown field 'nodez'\"")
+
+
+#: the error statuses of ``POST /v1/predict``, as the OpenAPI schema documents them
+_PREDICT_ERRORS = {
+    400: "malformed JSON (nested too deeply included)",
+    408: "headers or body not received within the read timeout (the connection closes)",
+    413: "a body over the size limit (answered on content-length, without reading the rest)",
+    415: "a content-type other than application/json",
+    422: "bad ids or fields: non-integer, negative, out of range, empty, too many, unknown",
+    429: "overloaded: queue full, queueing past the deadline budget, or the event loop behind",
+    500: "the batch failed inside the server (the server keeps serving)",
+    503: "shutting down",
+}
+
+
+class HealthResponse(BaseModel):
+    """Body of ``GET /healthz``."""
+
+    status: Literal["ok"] = Field(..., description="always ok while the server answers")
+    node_count: int = Field(..., description="nodes of the served graph")
+    queue_depth: int = Field(..., description="requests admitted and not yet batched")
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -128,23 +157,37 @@ def create_app(engine: Engine) -> FastAPI:
     @app.post(
         "/v1/predict",
         response_model=PredictResponse,
-        responses={400: {}, 422: {}, 429: {}, 500: {}, 503: {}},
+        responses={
+            s: {"model": ErrorResponse, "description": d} for s, d in _PREDICT_ERRORS.items()
+        },
     )
     async def predict(body: PredictRequest):
+        """Predict for graph nodes: each id's k-hop neighbourhood is sampled, its features
+        gathered and the model run; the request is batched with others that arrive meanwhile.
+        ``values`` holds one entry per requested node, in order; ``late`` says whether the
+        answer missed the request's deadline; ``path`` names the sampler that ran it."""
         # reached only for requests the fast path hands over (see quiver.serving.fastpath)
         status, payload = await answer(engine, body.nodes, body.output)
         return payload if status == 200 else JSONResponse(status_code=status, content=payload)
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={200: {"model": HealthResponse, "description": "serving"}})
     async def healthz():
+        """Liveness and load: the served graph's node count and the admission queue's depth."""
         return {
             "status": "ok",
             "node_count": engine.node_count,
             "queue_depth": engine.queue_depth(),
         }
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+    )
     async def metrics():
+        """Prometheus metrics: request latency histogram, per-stage times, queue depth, the
+        overload state, batches by lane, path and size, feature rows per tier, rejected
+        requests by reason and HTTP errors by status."""
         return Response(engine.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app

@@ -1,0 +1,381 @@
+"""The documentation cannot rot: its code blocks run, its links resolve, its references cover
+the code.
+
+- Every ``bash`` and ``python`` block of ``README.md`` and ``docs/**/*.md`` runs, page by page
+  and in order, in a fresh directory holding a copy of ``examples/``, with this environment's
+  ``bin/`` first on ``PATH`` (the guides write ``quiver ...``, ``maestro ...``, ``python ...``).
+  An HTML comment on the line before a block changes that (``docs/getting-started.md``,
+  "Writing these docs"): ``<!-- skip: why -->`` shows it only, ``<!-- file: PATH -->`` writes
+  it to ``PATH`` (and a file the repository ships under that path must hold the same text),
+  ``<!-- background: URL ... -->`` starts it in the background and waits until every ``URL``
+  answers; background blocks are stopped when the page ends. Ports 8000-8009 and 29500-29509
+  are replaced by free ones.
+- Every relative link of ``README.md``, ``CHANGELOG.md`` and ``docs/**/*.md`` points at a file
+  a clone has (tracked by git), or, from a docs page, at a page the site generates.
+- The generated references (``docs/hooks/reference.py``) name every config field and every CLI
+  option, and find no field or option without documentation.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PAGES = [ROOT / "README.md", *sorted(p for p in DOCS.rglob("*.md") if "hooks" not in p.parts)]
+RUNNABLE = ("bash", "python")
+#: seconds a block may run; a background block's URLs must answer within this too
+BLOCK_TIMEOUT = 240
+_FENCE = re.compile(r"^```([\w+-]*)\s*$")
+_DIRECTIVE = re.compile(r"^<!--\s*(skip|file|background)\s*(?::\s*(.*?))?\s*-->\s*$")
+_PORT = re.compile(r"\b(800\d|2950\d)\b")
+
+
+@dataclass
+class Block:
+    """One fenced code block of a page and the directive on the line before it."""
+
+    page: Path
+    line: int  # 1-based line of the opening fence
+    lang: str
+    code: str
+    directive: str | None = None  # skip | file | background
+    arg: str = ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+    @property
+    def runs(self) -> bool:
+        if self.directive == "skip":
+            return False
+        return self.directive == "file" or self.lang in RUNNABLE
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced code blocks of ``page``, with their directives."""
+    out: list[Block] = []
+    lines = page.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        m = _FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        start, lang, body = i, m.group(1), []
+        i += 1
+        while i < len(lines) and not lines[i].startswith("```"):
+            body.append(lines[i])
+            i += 1
+        assert i < len(lines), f"{page}:{start + 1}: unclosed code block"
+        block = Block(page, start + 1, lang, "\n".join(body) + "\n")
+        prev = start - 1
+        while prev >= 0 and not lines[prev].strip():
+            prev -= 1
+        d = _DIRECTIVE.match(lines[prev]) if prev >= 0 else None
+        if d:
+            block.directive, block.arg = d.group(1), d.group(2) or ""
+        out.append(block)
+        i += 1
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    bindir = str(Path(sys.executable).parent)
+    env.update(
+        PATH=bindir + os.pathsep + env.get("PATH", ""),
+        HF_HUB_OFFLINE="1",
+        MPLBACKEND="Agg",
+        PYTHONUNBUFFERED="1",
+        TQDM_DISABLE="1",
+    )
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def _wait_for(urls: list[str], proc: subprocess.Popen, log: Path, where: str) -> None:
+    deadline = time.monotonic() + BLOCK_TIMEOUT
+    for url in urls:
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None:
+                pytest.fail(f"{where}: background block exited ({proc.returncode}):\n{_tail(log)}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"{where}: {url} not up within {BLOCK_TIMEOUT} s:\n{_tail(log)}")
+            time.sleep(0.5)
+
+
+def _tail(log: Path, n: int = 4000) -> str:
+    return log.read_text(errors="replace")[-n:] if log.exists() else ""
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_page(page: Path, work: Path) -> None:
+    """Run the page's blocks in order in ``work`` (see the module docstring)."""
+    shutil.copytree(
+        ROOT / "examples",
+        work / "examples",
+        ignore=shutil.ignore_patterns("train.jsonl", "heldout.jsonl", "data", "__pycache__"),
+    )
+    todo = [b for b in blocks(page) if b.runs]
+    ports: dict[str, str] = {}
+    for b in todo:
+        for p in _PORT.findall(b.code + " " + b.arg):
+            ports.setdefault(p, str(_free_port()))
+
+    def ported(text: str) -> str:
+        return _PORT.sub(lambda m: ports.get(m.group(1), m.group(1)), text)
+
+    env, background = _env(), []
+    try:
+        for n, b in enumerate(todo):
+            if b.directive == "file":
+                target = work / b.arg
+                shipped = ROOT / b.arg
+                if shipped.is_file():
+                    assert b.code == shipped.read_text(), (
+                        f"{b.where}: the block differs from the shipped {b.arg}"
+                    )
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(b.code)
+                continue
+            code = ported(b.code)
+            if b.lang == "python":
+                script = work / f"_doc_block_{n}.py"
+                script.write_text(code)
+                argv = [sys.executable, str(script)]
+            else:
+                argv = ["bash", "-euo", "pipefail", "-c", code]
+            if b.directive == "background":
+                log = work / f"_doc_background_{n}.log"
+                with open(log, "w") as out:
+                    proc = subprocess.Popen(
+                        argv,
+                        cwd=work,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                background.append(proc)
+                _wait_for(ported(b.arg).split(), proc, log, b.where)
+                continue
+            try:
+                res = subprocess.run(
+                    argv,
+                    cwd=work,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=BLOCK_TIMEOUT,
+                    start_new_session=True,
+                )
+            except subprocess.TimeoutExpired as e:
+                pytest.fail(f"{b.where}: ran past {BLOCK_TIMEOUT} s\n{e.stdout}\n{e.stderr}")
+            assert res.returncode == 0, (
+                f"{b.where}: exit code {res.returncode}\n{code}\n--- stdout\n"
+                f"{res.stdout[-4000:]}\n--- stderr\n{res.stderr[-4000:]}"
+            )
+    finally:
+        for proc in background:
+            _stop(proc)
+
+
+def _runnable_pages() -> list:
+    out = []
+    for page in PAGES:
+        if any(b.runs and b.directive != "file" for b in blocks(page)):
+            rel = page.relative_to(ROOT).as_posix()
+            out.append(pytest.param(page, id=rel, marks=pytest.mark.timeout(900)))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.dist
+@pytest.mark.parametrize("page", _runnable_pages())
+def test_page_code_blocks_run(page, tmp_path):
+    """Every runnable block of the page runs and exits 0, in order."""
+    run_page(page, tmp_path)
+
+
+def test_directives_are_well_formed():
+    """Every directive precedes a block it can apply to, and every skip says why."""
+    for page in PAGES:
+        for b in blocks(page):
+            if b.directive == "skip":
+                assert b.arg, f"{b.where}: <!-- skip: ... --> must say why"
+            if b.directive == "file":
+                assert b.arg and not Path(b.arg).is_absolute(), f"{b.where}: file needs a path"
+            if b.directive == "background":
+                assert b.lang == "bash" and b.arg.startswith("http"), (
+                    f"{b.where}: background needs a bash block and the URL(s) to wait for"
+                )
+        lines = page.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if _DIRECTIVE.match(line):
+                nxt = next((x for x in lines[i + 1 :] if x.strip()), "")
+                assert _FENCE.match(nxt), (
+                    f"{page.relative_to(ROOT)}:{i + 1}: a directive must precede a code block"
+                )
+
+
+# ---------------------------------------------------------------------------------------------
+# links
+
+
+def _hooks():
+    path = DOCS / "hooks" / "reference.py"
+    spec = importlib.util.spec_from_file_location("docs_reference_hooks", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _tracked() -> set[Path]:
+    out = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    files = {ROOT / f for f in out.split("\0") if f}
+    return files | {p for f in files for p in f.parents}
+
+
+def test_relative_links_resolve_in_a_clone():
+    """Every relative link of README.md, CHANGELOG.md and the docs points at a file a clone
+    has (git-tracked, or not ignored), or, from a docs page, at a page the site generates."""
+    generated = {DOCS / uri for uri in _hooks().GENERATED}
+    have = _tracked()
+    missing = []
+    for doc in [ROOT / "README.md", ROOT / "CHANGELOG.md", *PAGES[1:]]:
+        text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.S | re.M)  # not in code
+        for target in re.findall(r"\]\(([^)#\s]+)", text):
+            if "://" in target or target.startswith("mailto:"):
+                continue
+            path = (doc.parent / target).resolve()
+            if path in have or (DOCS in doc.parents and path in generated):
+                continue
+            missing.append(f"{doc.relative_to(ROOT)} -> {target}")
+    assert not missing, missing
+
+
+def test_every_page_is_in_the_nav():
+    """mkdocs.yml's nav lists every page of docs/, the generated ones and the mirrored
+    top-level documents, and nothing else (``mkdocs build --strict`` checks it too, where the
+    docs extra is installed)."""
+    import yaml
+
+    def walk(node):
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, list):
+            for x in node:
+                yield from walk(x)
+        elif isinstance(node, dict):
+            for x in node.values():
+                yield from walk(x)
+
+    cfg = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    nav = set(walk(cfg["nav"]))
+    hooks = _hooks()
+    pages = {p.relative_to(DOCS).as_posix() for p in PAGES[1:]}
+    expected = pages | set(hooks.GENERATED) | set(hooks.MIRRORED.values())
+    assert nav == expected, (sorted(nav - expected), sorted(expected - nav))
+
+
+# ---------------------------------------------------------------------------------------------
+# generated references
+
+
+def test_config_reference_covers_every_field():
+    import dataclasses
+
+    from maestro.config import EvalConfig, KDConfig, MLLMConfig, SectionConfig, TrainConfig
+
+    hooks = _hooks()
+    hooks.PROBLEMS.clear()
+    text = hooks.config_reference()
+    assert not hooks.PROBLEMS, hooks.PROBLEMS
+    for cls in (TrainConfig, SectionConfig, EvalConfig, KDConfig, MLLMConfig):
+        for f in dataclasses.fields(cls):
+            if f.name not in ("workload", "model", "sections", "eval"):
+                assert f"| `{f.name}` |" in text, f"{cls.__name__}.{f.name} missing"
+
+
+def test_cli_reference_covers_every_option():
+    from maestro.cli import build_parser as maestro_parser
+    from quiver.cli import build_parser as quiver_parser
+
+    hooks = _hooks()
+    hooks.PROBLEMS.clear()
+    text = hooks.cli_reference()
+    assert not hooks.PROBLEMS, hooks.PROBLEMS
+    for prog, build in (("quiver", quiver_parser), ("maestro", maestro_parser)):
+        for name, _, sub in hooks._subcommands(build()):
+            assert f"### `{prog} {name}`" in text
+            for action in sub._actions:
+                for opt in action.option_strings:
+                    if opt not in ("-h", "--help"):
+                        assert f"`{opt}" in text or f", {opt}" in text, f"{prog} {name} {opt}"
+
+
+def test_http_reference_covers_every_route():
+    hooks = _hooks()
+    schema = hooks.openapi_schema()
+    text = hooks.openapi_reference()
+    for path, methods in schema["paths"].items():
+        for method in methods:
+            assert f"### `{method.upper()} {path}`" in text
+
+
+def test_links_leaving_docs_are_rewritten_for_the_site():
+    hooks = _hooks()
+    md = "[a](../../BENCHMARKS.md#x) [b](../architecture.md) ![c](../figures/p.png) [d](http://x)"
+    assert hooks.rewrite_links(md, "quiver/page.md") == (
+        "[a](../BENCHMARKS.md#x) [b](../architecture.md) ![c](../figures/p.png) [d](http://x)"
+    )
+    assert hooks.rewrite_links("![k](docs/figures/k.png)", "BENCHMARKS.md") == (
+        "![k](figures/k.png)"
+    )
