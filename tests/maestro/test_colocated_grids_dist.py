@@ -98,13 +98,30 @@ def test_mllm_both_members_fsdp(tmp_path):
 
 
 def test_an_outside_producer_feeds_a_split_member(tmp_path):
-    """vision (1 rank) feeds audio (dp = 2, split) + llm (tp = 2) colocated on 2 ranks: the
-    audio's input gradients are summed over the replica before they go back to vision."""
-    text = mllm_audio({"audio": "al", "llm": "al"}, {"audio": 2, "llm": 1}, "fifo")
-    text = _set(text, "llm", dp=1, tp=2)
+    """vision (1 rank) feeds the llm (dp = 2, split) colocated with audio (tp = 2) on 2 ranks:
+    the gradients of the llm's inputs from vision are summed over the replica before they go
+    back to vision, and the trainable audio's gradients from the llm, a member at tp = 1 < T,
+    are scaled by the llm's own tp (1), not the group's T (2)."""
+    text = mllm_audio({"audio": "al", "llm": "al"}, {"llm": 2}, "fifo")
+    # SGD: a gradient off by a constant factor moves the weights (AdamW would hide it)
+    text = _set(text, "vision", optimizer='"sgd"', lr=0.1)
+    text = _set(text, "audio", dp=1, tp=2, optimizer='"sgd"', lr=0.1)
     cfg = C.loads(text)
     assert cfg.unit_layout() == {"vision": [0], "audio+llm": [1, 2]}
-    _run(text, 3, tmp_path, ["vision", "audio", "llm"])
+    assert cfg.group_tp("audio+llm") == 2 and cfg.sections["llm"].tp == 1
+    _run(text, 3, tmp_path, ["audio", "vision", "llm"])
+
+
+def test_a_split_member_feeds_a_consumer_outside_its_group(tmp_path):
+    """vision (tp = 2) and audio (dp = 2, split) colocated on 2 ranks feed the llm (1 rank):
+    every rank of the replica gets the llm's gradients of the audio outputs, so each counts
+    them once over T (2), and the vision's, which cross no exchange, whole."""
+    text = mllm_audio({"vision": "enc", "audio": "enc"}, {"audio": 2}, "fifo")
+    text = _set(text, "vision", dp=1, tp=2, optimizer='"sgd"', lr=0.1)
+    text = _set(text, "audio", optimizer='"sgd"', lr=0.1)  # AdamW would hide a scale
+    cfg = C.loads(text)
+    assert cfg.unit_layout() == {"vision+audio": [0, 1], "llm": [2]}
+    _run(text, 3, tmp_path, ["audio", "vision", "llm"])
 
 
 def test_a_group_with_a_tensor_parallel_member_resumes_disaggregated(tmp_path):

@@ -129,6 +129,25 @@ def test_auto_records_choice_with_cpu_model_and_reuses_it(world, tmp_path, monke
     assert model_is_bf16 == (rec["model"] == "bf16")
 
 
+def test_auto_says_why_it_refused_a_bf16_model(world, tmp_path, monkeypatch):
+    """A bf16 model whose answers miss the agreement threshold is refused, and the serve
+    line says why, measured now and again when read back from the manifest (issue 35)."""
+    import functools
+
+    from quiver import precision
+
+    data, ckpt = _copy_data(world, tmp_path)
+    strict = functools.partial(precision.measure_precision, min_agreement=1.01)  # unreachable
+    monkeypatch.setattr(precision, "measure_precision", strict)
+    _, server = _logits(data, ckpt, precision="auto")
+    rec = json.loads((data / "manifest.json").read_text())["precision"]
+    why = f"bf16 model argmax agreement {rec['agreement']:.4f} < 1.01"
+    assert rec["model"] == "fp32" and rec["note"] == why
+    assert "model fp32" in server.info and why in server.info and "measured now" in server.info
+    _, server = _logits(data, ckpt, precision="auto")
+    assert "from the manifest" in server.info and why in server.info
+
+
 @pytest.mark.parametrize("other", ["cpu", "model"])
 def test_auto_rechecks_for_another_cpu_model_or_model(world, tmp_path, monkeypatch, other):
     data, ckpt = _copy_data(world, tmp_path)

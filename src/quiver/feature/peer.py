@@ -441,7 +441,8 @@ class PeerFeature(DistFeature):
                 )
                 continue
             answer = bufs[2]
-            status = int(answer[-8:].view(torch.int64))
+            # a copy: the status word's offset (count * row bytes) need not be 8-aligned
+            status = int(answer[-8:].clone().view(torch.int64))
             if status != _OK:
                 failure = failure or RuntimeError(
                     f"host {h} does not own rows host {self.rank} asked it for: the hosts serve "

@@ -456,7 +456,8 @@ def _precision_choice(precision, ds, net, sizes, frontier, device, cfg, sampler_
         return PrecisionChoice.fixed("fp32"), f"auto measures CPU models only; model on {device}"
     choice = read_precision(ds.manifest, model=net)
     if choice is not None:
-        return choice, f"auto, from the manifest: measured on {choice.cpu_model}"
+        how = f"auto, from the manifest: measured on {choice.cpu_model}"
+        return choice, how + (f"; {choice.note}" if choice.note else "")
     from quiver.pyg import GraphSageSampler
 
     # a sampler of its own, so a seeded serving sampler's stream is not advanced
@@ -473,4 +474,6 @@ def _precision_choice(precision, ds, net, sizes, frontier, device, cfg, sampler_
             how += ", recorded in the manifest"
         except OSError as e:
             log.warning("could not record the precision choice in %s: %s", ds.path, e)
+    if choice.note:  # why a stage stayed fp32 (e.g. the bf16 model's answers disagree)
+        how += f"; {choice.note}"
     return choice, how
