@@ -96,13 +96,14 @@ def test_gpu_budget_below_one_per_section_is_an_error_unless_sections_share(mllm
 def test_memory_limit_is_respected_and_forces_tp(kd16):
     cm = kd16.cost_model
     teacher_weights = 2.0 * SHAPES["teacher"].params
-    # room for the teacher's weights on 2 GPUs but not on 1: they must be sharded, by tp or
-    # by fsdp (which the search weighs against each other)
+    # room for the teacher's weights on 2 GPUs but not on 1: they must be sharded, by tp,
+    # by fsdp or by pipeline stages (which the search weighs against each other)
     limit = 0.7 * teacher_weights
     opts = SearchOptions(memory_limit=limit)
     p = plan_maestro(kd16.samples, kd16.sections, cm, 16, opts)
     assert all(s.memory <= limit for s in p.sections.values())
-    assert p.sections["teacher"].tp * p.sections["teacher"].fsdp >= 2
+    t = p.sections["teacher"]
+    assert t.tp * t.fsdp * t.pp >= 2
     from maestro.plan.problem import _section_options
 
     tight = _section_options(_Problem(kd16.samples, kd16.sections, cm, 16, opts), "teacher")

@@ -187,3 +187,59 @@ def test_baseline_pipeline_and_context_parallel_pricing():
     assert cp2.memory_bytes("llm", f, True) < m_plain
     with pytest.raises(ValueError, match="pp of section"):
         with_layout(base, strategies={"llm": SectionStrategy(pp=0)})
+
+
+def test_maestro_stages_keep_the_shared_parameters_on_every_stage():
+    """``maestro train``'s pp (``pp_shared``): every stage holds the embedding and the head
+    and all-reduces their gradients over the stages; the blocks split as the baselines'."""
+    base = _analytical()
+    sh = SHAPES["llm"]
+    shared = sh.spec.embedding_params + sh.spec.head_params
+    assert shared > 0
+    f = {"samples": 2.0, "tokens": 8192.0, "tokens_sq": 2 * 4096.0**2}
+    meg = with_layout(base, strategies={"llm": SectionStrategy(pp=4)})
+    ours = with_layout(base, strategies={"llm": SectionStrategy(pp=4, pp_shared=True)})
+    fixed = base.memory_bytes("llm", {"samples": 1.0}, True)
+    extra = fixed * shared / sh.state_params * (1 - 1 / 4)
+    assert ours.memory_bytes("llm", f, True) == pytest.approx(
+        meg.memory_bytes("llm", f, True) + extra
+    )
+    assert ours.forward_time("llm", f) == meg.forward_time("llm", f)
+    assert ours.pipeline_bubble("llm", f) == meg.pipeline_bubble("llm", f)
+    # the shared gradients' ring over the 4 stages: 2 * 3/4 of their fp32 bytes
+    hw = base.hw
+    ring = ours.allreduce_time("llm", 8, True) - meg.allreduce_time("llm", 8, True)
+    assert ring == pytest.approx(
+        2 * (0.75 * 4.0 * shared / (hw.nvlink_bw * hw.nvlink_eff) + 3 * hw.link_latency)
+    )
+
+
+def test_plan_pipelines_a_section_when_memory_says_so():
+    """No tp, fsdp or ZeRO allowed and one GPU cannot hold the LLM's state: the planner
+    cuts it into pipeline stages (the runtime's pp), and without pp choices nothing fits."""
+    from dataclasses import replace
+
+    base = _analytical()
+    samples = [
+        SampleInfo(
+            i, frozenset({"llm"}), {"samples": 1.0, "tokens": 2048.0, "tokens_sq": 2048.0**2}
+        )
+        for i in range(16)
+    ]
+    secs = [SectionSpec("llm")]
+    state = base.memory_bytes("llm", {"samples": 1.0}, True)
+    opts = SearchOptions(
+        memory_limit=0.6 * state,
+        tp_choices=(1,),
+        fsdp_choices=(1,),
+        zero_choices=(0,),
+        recompute_choices=(True,),
+        include_monolithic=False,
+        pp_choices=(1, 2, 4),  # maestro plan --pp
+    )
+    p = plan_maestro(samples, secs, base, 16, opts)
+    s = p.sections["llm"]
+    assert s.pp >= 2 and s.memory <= 0.6 * state and p.gpus == s.dp * s.pp <= 16
+    assert f"pp={s.pp}" in p.describe()
+    with pytest.raises(ValueError, match="no \\(tp, fsdp, zero"):
+        plan_maestro(samples, secs, base, 16, replace(opts, pp_choices=(1,)))

@@ -80,6 +80,12 @@ def register(sub) -> None:
         "maestro train runs on the group's ranks)",
     )
     p.add_argument(
+        "--pp",
+        action="store_true",
+        help="also give Maestro's sections pipeline stages (pp 2 and 4, which maestro train "
+        "runs; --out writes them); off by default until the pricing is checked on GPUs",
+    )
+    p.add_argument(
         "--plot",
         default=None,
         metavar="OUT.png",
@@ -134,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
         colocate=args.colocate,
         objective="step_time" if run else "gpu_hours",
         monolithic_order="data" if run else "cost",
+        pp_choices=(1, 2, 4) if args.pp else (1,),
     )
     from tqdm import tqdm
 

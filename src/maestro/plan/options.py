@@ -101,9 +101,15 @@ class SearchOptions:
             time is the mean step after the first: one batch's mix of lengths and
             modalities can favour a layout that loses on the others. Each batch must hold
             as many samples as the planned one (``ValueError`` otherwise).
+        pp_choices: pipeline stages per replica Maestro's own plans may give a section
+            (the runtime's ``pp``: blocks cut into stages, parameters outside them kept on
+            every stage); analytical models only, sections with at least as many blocks,
+            never inside a colocated group nor with ZeRO-1. Default ``(1,)``: off until its
+            pricing (``tpmodel.SectionStrategy.pp_shared``) is checked against measured
+            runs; ``maestro plan --pp`` searches ``(1, 2, 4)``.
         baseline_pp_choices: pipeline stages (1F1B) the baselines' whole-model search may
-            use (they stand for other systems; Maestro's own plans never pipeline, as
-            ``maestro train`` does not).
+            use (they stand for other systems: Megatron-style stages, embeddings on the first
+            and head on the last only).
         baseline_cp_choices: context-parallel degrees the baselines may use, likewise.
     """
 
@@ -125,6 +131,7 @@ class SearchOptions:
     batches: Sequence[Sequence[SampleInfo]] = ()
     zero1: bool = True
     objective: str = "gpu_hours"
+    pp_choices: Sequence[int] = (1,)
     baseline_pp_choices: Sequence[int] = (1, 2, 4, 8)
     baseline_cp_choices: Sequence[int] = (1, 2, 4)
 
@@ -156,8 +163,9 @@ class SectionPlan:
             section has devices of its own.
         fsdp: FSDP shard degree inside a replica group.
         zero: 1: ZeRO-1 optimizer-state sharding over the ``dp`` replicas.
-        pp: pipeline stages per replica (baselines only; ``maestro train`` has none).
-        cp: context-parallel degree (baselines only, likewise).
+        pp: pipeline stages per replica (``maestro train``'s ``pp``; a baseline's stand for
+            another system's).
+        cp: context-parallel degree (baselines only: ``maestro train`` has none).
     """
 
     dp: int

@@ -38,14 +38,23 @@ class _Option:
     mem_one: float = 0.0  # memory with one micro-batch in flight (no batch held)
     fsdp: int = 1
     zero: int = 0
+    pp: int = 1  # pipeline stages per replica (work, longest: stage times)
+    bubble: float = 0.0  # 1F1B fill and drain per step (``(pp - 1)`` stage micro-batches)
 
     @property
     def width(self) -> int:
-        """Ranks one more replica group takes: ``fsdp * tp``."""
-        return self.fsdp * self.tp
+        """Ranks one more replica group takes: ``fsdp * pp * tp``."""
+        return self.fsdp * self.pp * self.tp
 
     def strategy(self) -> SectionStrategy:
-        return SectionStrategy(tp=self.tp, fsdp=self.fsdp, zero=self.zero, recompute=self.recompute)
+        return SectionStrategy(
+            tp=self.tp,
+            fsdp=self.fsdp,
+            zero=self.zero,
+            recompute=self.recompute,
+            pp=self.pp,
+            pp_shared=self.pp > 1,
+        )
 
 
 def _worst_features(costs: list, sec: SectionSpec, mbs: int) -> dict[str, float]:
@@ -239,6 +248,14 @@ class _Problem:
             out.append((tp, f, z, rc))
         return out
 
+    def pp_choices(self, n: str) -> list[int]:
+        """Pipeline stages Maestro's runtime can give section ``n`` (``SearchOptions.
+        pp_choices``): analytical models only, at most its number of blocks."""
+        if not self.analytical:
+            return [1]
+        layers = self.cm.shapes[n].layers
+        return sorted({1} | {k for k in self.opts.pp_choices if 1 < k <= layers})
+
     def mbs_choices(self, n: str) -> list[int]:
         cap = max(1, len(self.costs[n]))
         # a measured model's fit is not extrapolated beyond its largest measured micro-batch
@@ -260,8 +277,12 @@ def _section_options(p: _Problem, n: str, standalone: bool = True) -> list[_Opti
     costs = p.costs[n]
     out = []
     works: dict[tuple, tuple] = {}  # zero changes memory and the tail, not the micro-batches
-    for (tp, f, z, rc), mbs in itertools.product(p.choices(n), p.mbs_choices(n)):
-        strat = SectionStrategy(tp=tp, fsdp=f, zero=z, recompute=rc)
+    # pipeline stages: the runtime's pp (not inside a colocated group, not with ZeRO-1)
+    pps = p.pp_choices(n) if standalone else [1]
+    for (tp, f, z, rc), mbs, pp in itertools.product(p.choices(n), p.mbs_choices(n), pps):
+        if pp > 1 and z:
+            continue
+        strat = SectionStrategy(tp=tp, fsdp=f, zero=z, recompute=rc, pp=pp, pp_shared=pp > 1)
         cm = p.model({}, {}, {n: strat})
         spec = replace(sec, micro_batch_size=mbs)
         min_dp, mem, mem_one = 1, 0.0, 0.0
@@ -273,23 +294,33 @@ def _section_options(p: _Problem, n: str, standalone: bool = True) -> list[_Opti
                 # all forwards before backwards: a replica holds its share of the batch
                 total = micro_batch_features(costs)
                 fixed = cm.memory_bytes(n, {"samples": 1.0}, trainable)
-                held = (cm.memory_bytes(n, total, trainable) - fixed) / f
+                # (a pipeline stage holds its 1/pp of the blocks' activations)
+                held = (cm.memory_bytes(n, total, trainable) - fixed) / (f * pp)
             got = _fit(p, mem_one, _shard_bytes(p, n, tp, z), held, tp * f)
             if got is None:
                 continue
             min_dp, mem = got
-        if min_dp * tp * f > p.gpus:
+        if min_dp * tp * f * pp > p.gpus:
             continue
-        key = (tp, f, rc, mbs)
+        key = (tp, f, rc, mbs, pp)
         if key not in works:
             works[key] = _data_order_work(cm, spec, costs, trainable)
         work, longest, fwd_mb, bwd_mb = works[key]
-        out.append(_Option(tp, mbs, rc, work, longest, fwd_mb, bwd_mb, min_dp, mem, mem_one, f, z))
+        # stage times: a replica's throughput; its consumers wait for all pp stages (the
+        # fill and drain of the layout use whole-replica latencies) and 1F1B adds (pp - 1)
+        # stage micro-batches per step (the layout model's ``pipeline_bubble``)
+        bubble = (pp - 1) * (fwd_mb + bwd_mb)
+        out.append(
+            _Option(
+                tp, mbs, rc, work, longest, fwd_mb * pp, bwd_mb * pp, min_dp, mem, mem_one, f, z,
+                pp, bubble,
+            )
+        )  # fmt: skip
     # micro-batch sizes beyond the token budget change nothing: keep the smallest of equals
     # (and of equal options, the plainer: no ZeRO where it buys nothing)
     seen, kept = set(), []
     for o in sorted(out, key=lambda o: o.zero):
-        key = (o.tp, o.fsdp, o.recompute, round(o.work, 9), o.min_dp)
+        key = (o.tp, o.fsdp, o.pp, o.recompute, round(o.work, 9), o.min_dp)
         if key not in seen:
             seen.add(key)
             kept.append(o)
@@ -461,6 +492,7 @@ def _estimate(p: _Problem, u: _Unit, o, dp: int) -> float:
         cm = p.model({}, {}, {u.members[0]: o.strategy()})
     coords = dp * o.fsdp
     t = max(o.work / coords, o.longest) if any(p.costs[n] for n in mem) else 0.0
+    t += getattr(o, "bubble", 0.0)
     same = dp * o.width <= p.gpus_per_node
     t += sum(cm.allreduce_time(n, coords, same) for n in mem if not p.sections[n].frozen)
     return t

@@ -355,12 +355,12 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str | None =
     section the runtime cannot split (``maestro.costmodel.splits_tp``, as the planner
     checks) is a ``ValueError`` naming the section.
     """
-    staged = [n for n, sp in plan.sections.items() if sp.pp > 1 or sp.cp > 1]
+    staged = [n for n, sp in plan.sections.items() if sp.cp > 1 or (sp.pp > 1 and plan.monolithic)]
     if staged:
         raise ValueError(
-            f"sections.{staged[0]}: the plan pipelines (pp) or splits sequences (cp), which "
-            "only the baselines may (they stand for other systems); maestro train runs "
-            "neither"
+            f"sections.{staged[0]}: the plan splits sequences (cp) or pipelines the whole "
+            "model (pp), which only the baselines may (they stand for other systems); "
+            "maestro train runs pp per section only"
         )
     if not plan.monolithic:
         for n, sp in plan.sections.items():
@@ -392,6 +392,7 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str | None =
             secs[n]["dp"] = sp.dp
             secs[n]["fsdp"] = sp.fsdp
             secs[n]["tp"] = sp.tp
+            secs[n]["pp"] = sp.pp
             secs[n]["zero"] = 0 if sp.group else sp.zero
             secs[n]["recompute"] = sp.recompute
             secs[n]["micro_batch_size"] = sp.micro_batch_size
@@ -415,20 +416,29 @@ def shrink_layout(
     """The same layout on at most ``max_ranks`` ranks: while it is too large, the section
     with the most ranks halves its largest degree (dp, then fsdp, then tp on a tie), so each
     section keeps its kind of strategy as long as it can; tp is capped at ``max_tp``."""
-    deg = {n: [sp.dp, sp.fsdp, min(sp.tp, max_tp)] for n, sp in sections.items()}
+    deg = {
+        n: [sp.dp, sp.fsdp, min(sp.tp, max_tp), min(sp.pp, max_tp)] for n, sp in sections.items()
+    }
     if len(deg) > max_ranks:
         raise ValueError(f"{len(deg)} sections do not fit {max_ranks} ranks")
 
     def ranks(d):
-        return d[0] * d[1] * d[2]
+        return d[0] * d[1] * d[2] * d[3]
 
     while sum(ranks(d) for d in deg.values()) > max_ranks:
         n = max(deg, key=lambda m: ranks(deg[m]))
         d = deg[n]
-        i = max(range(3), key=lambda k: (d[k], -k))
+        i = max(range(4), key=lambda k: (d[k], -k))
         d[i] = max(1, d[i] // 2)
     return {
-        n: replace(sp, dp=d[0], fsdp=d[1], tp=d[2], zero=sp.zero if d[1] == 1 and d[0] > 1 else 0)
+        n: replace(
+            sp,
+            dp=d[0],
+            fsdp=d[1],
+            tp=d[2],
+            pp=d[3],
+            zero=sp.zero if d[1] == 1 and d[0] > 1 and d[3] == 1 else 0,
+        )
         for n, (sp, d) in ((n, (sections[n], deg[n])) for n in sections)
     }
 
@@ -528,7 +538,8 @@ def scenario_run_config(
                 "dp": sp.dp,
                 "fsdp": sp.fsdp,
                 "tp": sp.tp,
-                "zero": sp.zero if not frozen[n] and sp.fsdp == 1 else 0,
+                "pp": sp.pp,
+                "zero": sp.zero if not frozen[n] and sp.fsdp == 1 and sp.pp == 1 else 0,
                 "recompute": sp.recompute and not frozen[n],
                 "group": sp.group or None,
             }

@@ -150,6 +150,7 @@ def plan_maestro(
                         n,
                         o.tp,
                         o.fsdp,
+                        getattr(o, "pp", 1),
                         getattr(o, "zero", 0),
                         dp[n],
                         tuple((m, x.mbs, x.recompute) for m, x in _members(units[n], o).items()),
@@ -206,6 +207,9 @@ def plan_maestro(
             )
         else:
             step, bound, first = _simulate(p, specs, cm, monolithic=False, groups=merged)
+            # the simulator replays a pipelined section's replica at its stages' throughput;
+            # 1F1B's fill and drain delay the step by the largest such bubble
+            step += max((getattr(o, "bubble", 0.0) for o in combo.values()), default=0.0)
         used = sum(dp[u] * o.width for u, o in combo.items())
         if best is None or _better(used, step, best, opts.objective):
             secs = {}
@@ -213,7 +217,9 @@ def plan_maestro(
                 x, t, u = mem[n]
                 g = u if len(units[u].members) > 1 else ""
                 memory = combo[u].memory
-                secs[n] = SectionPlan(dp[u], t, mbs[n], x.recompute, memory, g, x.fsdp, x.zero)
+                secs[n] = SectionPlan(
+                    dp[u], t, mbs[n], x.recompute, memory, g, x.fsdp, x.zero, x.pp
+                )
             best = Plan(
                 sections=secs,
                 monolithic=False,

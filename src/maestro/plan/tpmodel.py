@@ -60,11 +60,14 @@ class SectionStrategy:
         zero: 1: ZeRO-1 optimizer-state sharding over the ``dp`` replicas (``fsdp = 1``).
         recompute: activation checkpointing per block.
         reshard_after_forward: FSDP gathers the blocks again in the backward.
-        pp: pipeline stages per replica (1F1B), for baselines only: they stand for other
-            systems; ``maestro train`` has no pipeline inside a section, so the planner's own
-            plans keep 1. A stage runs ``1/pp`` of the blocks and holds ``1/pp`` of the state;
-            the bubble, ``(pp - 1)`` stage-micro-batches per step, is the planner's to add
-            (``pipeline_bubble``).
+        pp: pipeline stages per replica (1F1B). A stage runs ``1/pp`` of the blocks and
+            holds ``1/pp`` of their state; the bubble, ``(pp - 1)`` stage-micro-batches per
+            step, is the planner's to add (``pipeline_bubble``).
+        pp_shared: the stages each hold the parameters outside the blocks (embedding, LM
+            head) and all-reduce their gradients over the stages once per step, as
+            ``maestro train``'s ``pp`` does (``maestro.parallel.pipeline``); ``False``: the
+            first stage holds the embedding and the last the head (Megatron-style, the
+            baselines').
         cp: context-parallel degree (ring attention), baselines only likewise: each of the
             ``cp`` ranks computes ``1/cp`` of every sequence and keeps ``1/cp`` of its
             activations; the K/V ring's traffic is taken as hidden under attention (an
@@ -78,6 +81,7 @@ class SectionStrategy:
     reshard_after_forward: bool = True
     pp: int = 1
     cp: int = 1
+    pp_shared: bool = False
 
     @property
     def trivial(self) -> bool:
@@ -242,6 +246,17 @@ class LayoutCostModel(CostModel):
             return feats
         return {k: (v if k == "samples" else v / cp) for k, v in feats.items()}
 
+    def _shared_params(self, section: str) -> float:
+        """Parameters outside the blocks (input embedding and LM head) of an analytical
+        section (0 for a measured one: ``pp`` is priced on analytical models only)."""
+        if not self.analytical:
+            return 0.0
+        spec = self.base.shapes[section].spec
+        return float(spec.embedding_params + spec.head_params)
+
+    def _state_params(self, section: str) -> float:
+        return float(self.base.shapes[section].state_params) if self.analytical else 0.0
+
     def pipeline_bubble(self, section: str, feats: Features) -> float:
         """Seconds of 1F1B's fill and drain per step for a micro-batch like ``feats``:
         ``(pp - 1)`` stage-times of its forward and backward (Narayanan et al. 2021)."""
@@ -301,7 +316,15 @@ class LayoutCostModel(CostModel):
         if s.pp > 1 or s.cp > 1:
             plain = replace(s, pp=1, cp=1)
             inner = LayoutCostModel(self.base, {**self.strategies, section: plain}, self.overlap)
-            return inner.allreduce_time(section, dp * s.cp, same_node) / s.pp
+            t = inner.allreduce_time(section, dp * s.cp, same_node) / s.pp
+            if s.pp_shared and s.pp > 1:
+                # the shared parameters' gradients (fp32) summed over the stages: one ring
+                # all-reduce of their local shards over the pp ranks of each replica
+                bw, lat = self._link(section, s.pp * s.tp)
+                t += 2.0 * _ring(
+                    4.0 * self._shared_params(section) / (s.tp * s.fsdp), s.pp, bw, lat
+                )
+            return t
         if s.fsdp == 1 and (not s.zero or self.analytical):
             # (analytical: the optimizer step is already priced sharded over the replicas)
             return self.base.allreduce_time(section, dp, same_node) / s.tp
@@ -336,6 +359,12 @@ class LayoutCostModel(CostModel):
             inner = LayoutCostModel(self.base, {**self.strategies, section: plain}, self.overlap)
             fixed = inner.memory_bytes(section, {"samples": 1.0}, trainable)
             acts = inner.memory_bytes(section, self._per_rank(section, feats), trainable) - fixed
+            if s.pp_shared and s.pp > 1:
+                # every stage holds the embedding and head (their share of the fixed bytes)
+                shared = (
+                    fixed * self._shared_params(section) / max(1.0, self._state_params(section))
+                )
+                return (fixed - shared) / s.pp + shared + max(0.0, acts)
             return fixed / s.pp + max(0.0, acts)
         if self.analytical:
             total = self.base.memory_bytes(section, feats, trainable)
