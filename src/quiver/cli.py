@@ -30,7 +30,8 @@ _NEGATIVE_INT_LIST = re.compile(r"^-\d+(,-?\d+)*$")
 
 
 class _Parser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` that reads ``--fanouts -1,-1`` as ``--fanouts=-1,-1``.
+    """``argparse.ArgumentParser`` that reads ``--fanouts -1,-1`` as ``--fanouts=-1,-1`` and
+    reports a mistake in one line, without the usage dump.
 
     argparse takes a word that starts with ``-`` for an option unless it is one negative
     number, so ``--fanouts -1,-1`` (all neighbours, as README.md writes it) failed with
@@ -38,6 +39,11 @@ class _Parser(argparse.ArgumentParser):
     is attached to it. Sub-command parsers are of this class too (``add_subparsers`` makes
     them so), and each attaches the values of its own options.
     """
+
+    def error(self, message: str):
+        """Exit 2 with one line (argparse prints the whole usage first): the error and where
+        the options are listed."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
     def parse_known_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)

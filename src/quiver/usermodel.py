@@ -58,6 +58,7 @@ import importlib
 import inspect
 import pickle
 import sys
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -412,6 +413,66 @@ def _fit_state_dict(module: nn.Module, state: dict, path: str, what: str) -> Non
         raise ValueError(f"--checkpoint {path}: load_state_dict failed ({_one_line(e)})") from None
 
 
+_ZIP_MAGIC = b"PK\x03\x04"
+
+
+def _is_legacy_torch_file(path: Path) -> bool:
+    """Whether ``path`` starts like ``torch.save``'s pre-zip format: a pickled magic number.
+
+    Read with ``pickletools.genops``, which parses opcodes without running any.
+    """
+    import io
+    import pickletools
+
+    with open(path, "rb") as f:
+        head = f.read(64)
+    try:
+        for op, arg, _ in pickletools.genops(io.BytesIO(head)):
+            if op.name == "STOP":
+                return False
+            if isinstance(arg, int) and arg == torch.serialization.MAGIC_NUMBER:
+                return True
+    except Exception:  # not a pickle, or the first one is longer than the head
+        return False
+    return False
+
+
+def _check_readable(path: Path) -> None:
+    """One-line ``ValueError`` for a file no checkpoint loader can read, before any unpickling.
+
+    ``torch.save`` and ``torch.export.save`` write zip archives whose members carry CRC-32
+    checksums that ``torch.load`` never verifies: a damaged file would otherwise load with wrong
+    weights, or fail deep in the unpickler with a message that blames its contents (e.g. a
+    flipped bit in a class name reads as "pickled Python objects"). A pickle file that
+    ``torch.save`` did not write (no magic number first) is refused before ``torch.load``, whose
+    weights-only loader would warn about its protocol and then fail at length.
+    """
+    if path.stat().st_size == 0:
+        raise ValueError(f"--checkpoint {path} is empty: not a PyTorch checkpoint")
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if head == _ZIP_MAGIC or zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as z:
+                bad = z.testzip()
+        except Exception as e:  # no central directory (truncated), bad headers, bad names
+            raise ValueError(
+                f"--checkpoint {path} is truncated or corrupted: not a PyTorch checkpoint Quiver "
+                f"can read (its zip archive: {_one_line(e)}); save or copy it again"
+            ) from None
+        if bad is not None:
+            raise ValueError(
+                f"--checkpoint {path} is corrupted: its member {bad} fails its CRC-32 check (the "
+                "file changed after it was written); save or copy it again"
+            )
+        return
+    if head[:1] == b"\x80" and not _is_legacy_torch_file(path):  # pickle protocol 2+
+        raise ValueError(
+            f"--checkpoint {path} is not a model checkpoint Quiver can load: a pickle file that "
+            "torch.save did not write (save model.state_dict() with torch.save and pass --model)"
+        )
+
+
 def _is_export_archive(path: Path) -> bool:
     """A ``torch.export.save`` archive: a zip without the ``data.pkl`` of ``torch.save``."""
     if not zipfile.is_zipfile(path):
@@ -530,6 +591,7 @@ def load_served_model(
         raise FileNotFoundError(f"--checkpoint {path}: no such file")
     if path.is_dir():
         raise ValueError(f"--checkpoint {path} is a directory, expected a file")
+    _check_readable(path)
     if _is_export_archive(path):
         if model:
             raise ValueError(
@@ -555,7 +617,9 @@ def load_served_model(
         )
         return served, _info(served, f"torch.export {path.name}", None)
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # e.g. the pickle protocol: the error below says it all
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         if "GLOBAL" not in str(e):  # not a pickled class: random bytes, a bad opcode
             raise ValueError(
@@ -568,10 +632,17 @@ def load_served_model(
                 "save model.state_dict() and pass --model package.module:factory"
             ) from None
         try:
-            obj = torch.load(path, map_location=map_location, weights_only=False)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                obj = torch.load(path, map_location=map_location, weights_only=False)
         except Exception as e:
             raise ValueError(f"--checkpoint {path}: cannot unpickle ({_one_line(e)})") from None
-    except Exception as e:  # random bytes, a truncated zip, an empty file
+    except Exception as e:  # random bytes; a zip archive torch's reader finds damaged
+        if "PytorchStreamReader" in str(e):
+            raise ValueError(
+                f"--checkpoint {path} is truncated or corrupted: torch cannot read its zip "
+                f"archive ({_one_line(e)}); save or copy it again"
+            ) from None
         raise ValueError(
             f"--checkpoint {path} is not a PyTorch checkpoint ({_one_line(e)})"
         ) from None

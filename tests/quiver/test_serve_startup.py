@@ -171,3 +171,82 @@ def test_port_in_use_and_out_of_range(env, capsys):
     rc = quiver_main(["serve", str(d / "data"), *args, "--host", "203.0.113.7"])
     err = capsys.readouterr().err
     assert rc == 2 and "--host 203.0.113.7" in err and len(err.strip().splitlines()) == 1
+
+
+def test_out_of_range_port_is_one_line_without_usage(env, capsys):
+    d, good = env
+    with pytest.raises(SystemExit) as e:
+        quiver_main(["serve", str(d / "data"), "--checkpoint", str(good), "--port", "70000"])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert e.value.code == 2 and len(lines) == 1, err
+    assert "--port" in lines[0] and "[0, 65535]" in lines[0] and "usage" not in err
+
+
+@pytest.mark.parametrize("what", ["plain", "objects"])
+def test_foreign_pickle_is_not_a_checkpoint_in_one_line(env, capsys, recwarn, what):
+    """A pickle file torch.save did not write: one line, no torch warning, no --trust-pickle."""
+    import pickle
+
+    d, _ = env
+    path = d / f"{what}.pkl"
+    payload = [1.0, 2.0, {"lr": 0.1}]
+    if what == "objects":
+        payload.append(np.random.default_rng(0))
+    path.write_bytes(pickle.dumps(payload, protocol=4))
+    line = _serve(capsys, d / "data", "--checkpoint", str(path))
+    assert f"{what}.pkl" in line and "not a model checkpoint Quiver can load" in line, line
+    assert "--trust-pickle" not in line and "weights_only" not in line, line
+    assert not [w for w in recwarn if "pickle" in str(w.message)]
+
+
+def _flip_bit(path, out, pattern: bytes, bit: int = 0) -> None:
+    """``out``: ``path`` with one bit flipped in the middle of its only copy of ``pattern``."""
+    data = bytearray(path.read_bytes())
+    at = data.find(pattern)
+    assert at >= 0 and data.find(pattern, at + 1) < 0
+    data[at + len(pattern) // 2] ^= 1 << bit
+    out.write_bytes(bytes(data))
+
+
+def test_bit_flipped_checkpoint_is_corrupted_not_pickled_objects(env, capsys):
+    d, good = env
+    # a flip inside a class name the unpickler resolves ("torch._utils" -> "torch._uthls")
+    # was read as a pickled Python object and the message suggested --trust-pickle
+    flipped = d / "flipped.pt"
+    _flip_bit(good, flipped, b"torch._utils\n_rebuild_tensor_v2")
+    line = _serve(
+        capsys, d / "data", "--checkpoint", str(flipped), "--model", "quiver_startup_factory:sage"
+    )
+    assert "flipped.pt" in line and "corrupted" in line, line
+    assert "--trust-pickle" not in line and "pickled Python objects" not in line, line
+
+
+def test_bit_flipped_weights_are_refused_not_served(env, capsys):
+    """A flip inside a tensor's bytes used to load silently, with a wrong weight."""
+    import quiver_startup_factory as fac
+
+    d, _ = env
+    sd = fac.sage().state_dict()
+    sd["convs.0.lin_l.weight"].fill_(0.25)
+    clean, flipped = d / "marked.pt", d / "marked_flipped.pt"
+    torch.save(sd, clean)
+    _flip_bit(clean, flipped, np.full(48, 0.25, np.float32).tobytes(), bit=3)
+    line = _serve(
+        capsys, d / "data", "--checkpoint", str(flipped), "--model", "quiver_startup_factory:sage"
+    )
+    assert "marked_flipped.pt" in line and "corrupted" in line and "CRC" in line, line
+
+
+@pytest.mark.parametrize("precision", ["fp32", "auto"])
+def test_feature_width_mismatch_names_both_widths(env, capsys, tmp_path, precision):
+    d, good = env
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(d / "data", data)
+    np.save(data / "features.npy", np.random.rand(60, 5).astype(np.float32))
+    args = ["--checkpoint", str(good), "--model", "quiver_startup_factory:sage"]
+    line = _serve(capsys, data, *args, "--fanouts", "3,3", "--precision", precision)
+    assert "takes 6 features per node" in line and "has 5" in line, line
+    assert "features.npy" in line and "mat1" not in line, line

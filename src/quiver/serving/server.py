@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -164,6 +165,7 @@ class Server:
             sampler_threads = 1
         gather_threads = 1 if cfg.num_lanes > 0 else None
         net.to(device)
+        _check_model_runs(net, ds, sizes, frontier, device, dataset_dir)
         choice, how = _precision_choice(
             precision, ds, net, sizes, frontier, device, cfg, sampler_threads
         )
@@ -282,10 +284,8 @@ class Server:
         try:
             self.engine.warmup()
         except Exception as e:
-            first = (str(e).strip().splitlines() or [""])[0]
-            raise ValueError(
-                f"the model failed on a sampled subgraph at start-up: {type(e).__name__}: {first}"
-            ) from None
+            shape = getattr(self.engine.features, "shape", None)  # a folded store: hidden wide
+            raise ValueError(_model_failure(e, int(shape[1]) if shape else -1)) from None
         self.engine.start()
         if port is not None and self.http is None:
             from quiver.serving.app import create_app
@@ -318,6 +318,51 @@ class Server:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+#: a matrix product given rows of the wrong width: ``(rows x width and in x out)``
+_MATMUL_WIDTHS = re.compile(r"mat1 and mat2 shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x")
+#: a torch.export program's input guard on its first argument's width
+_EXPORT_WIDTH = re.compile(r"Guard failed: \w+\.size\(\)\[1\] == (\d+)")
+
+
+def _model_failure(e: BaseException, width: int, where: str = "the dataset") -> str:
+    """One line for a model that failed on the dataset's rows, naming both widths when the
+    failure is the model's input width (``width``: features per node of ``where``)."""
+    text = str(e)
+    expected = None
+    m = _MATMUL_WIDTHS.search(text)
+    if m and int(m.group(2)) == width and int(m.group(3)) != width:
+        expected = int(m.group(3))
+    m = _EXPORT_WIDTH.search(text)
+    if m and int(m.group(1)) != width:
+        expected = int(m.group(1))
+    if expected is not None:
+        return (
+            f"the model takes {expected} features per node but {where} has {width}: serve it on "
+            f"a dataset prepared with {expected}-wide features, or a model trained on these"
+        )
+    first = (text.strip().splitlines() or [""])[0]
+    return f"the model failed on a sampled subgraph at start-up: {type(e).__name__}: {first}"
+
+
+def _check_model_runs(net, ds, sizes, frontier, device, dataset_dir) -> None:
+    """Run the fp32 model on one sampled node before anything is measured or built, so a model
+    that cannot take the dataset's rows (their width above all) is refused in one line."""
+    from quiver.pyg import GraphSageSampler
+
+    if ds.num_nodes == 0:
+        return
+    sampler = GraphSageSampler(ds.topo, sizes, mode="CPU", seed=0, num_threads=1, frontier=frontier)
+    n_id, _, adjs = sampler.sample(torch.zeros(1, dtype=torch.int64))
+    x = torch.as_tensor(ds.features[n_id]).to(device, torch.float32)
+    adjs = [(ei.to(device), eid, size) for ei, eid, size in adjs]
+    try:
+        with torch.inference_mode():
+            net(x, adjs)
+    except Exception as e:
+        where = f"{Path(dataset_dir) / 'features.npy'}"
+        raise ValueError(_model_failure(e, x.shape[1], where)) from None
 
 
 def _peer_features(dataset_dir, peers, dtype, num_threads=None):
