@@ -333,6 +333,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
                 "dp": sc.dp,
                 "fsdp": sc.fsdp,
                 "tp": sc.tp,
+                "pp": sc.pp,
                 "zero": sc.zero,
                 "recompute": sc.recompute,
                 "micro_batch_size": sc.micro_batch_size,
