@@ -181,9 +181,14 @@ def test_cli_prepare_preset_from_ogb_and_edges(tmp_path, capsys):
     "argv,match",
     [
         (["--edges", "{tmp}/nope.txt"], "missing file"),
-        (["--edges", "{tmp}/bad.txt"], "row 2 holds node id 9 >= num_nodes"),
+        (["--edges", "{tmp}/bad.txt"], "row 2 holds node id 9 >= --num-nodes \\(5\\)"),
         (["--edges", "{tmp}/ragged.txt"], "row 2 has 3 values"),
-        (["--edges", "{tmp}/ok.txt", "--features", "{tmp}/f3.npy"], "expected \\[5, F\\]"),
+        # without --num-nodes the feature rows are the node count (isolated nodes after the
+        # largest id keep theirs), so fewer rows than ids is the edge list's mistake
+        (
+            ["--edges", "{tmp}/ok.txt", "--features", "{tmp}/f3.npy"],
+            "row 2 holds node id 4 >= the --features rows \\(3\\)",
+        ),
         (["--dataset", "nope"], "unknown preset"),
     ],
 )

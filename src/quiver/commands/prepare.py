@@ -38,7 +38,12 @@ def register(sub) -> None:
         action="store_true",
         help="add the reverse of every edge (OGB/edge-list sources)",
     )
-    p.add_argument("--num-nodes", type=int, help="node count for --edges (default max id + 1)")
+    p.add_argument(
+        "--num-nodes",
+        type=int,
+        help="node count for --edges (default: the rows of --features or --labels, else the "
+        "largest id + 1)",
+    )
     p.add_argument("--features", metavar="FILE", help="[N, F] .npy features for --edges")
     p.add_argument("--labels", metavar="FILE", help="[N] .npy integer labels for --edges")
     p.add_argument(
@@ -167,23 +172,33 @@ def run(args: argparse.Namespace) -> int:
         if args.from_ogb:
             ds = datasets.load_ogb(args.from_ogb, undirected=args.undirected, progress=progress)
         else:
-            topo = datasets.load_edge_list(args.edges, args.num_nodes, args.undirected)
+            feats = _load_npy(args.features, "features") if args.features else None
+            labels = _load_npy(args.labels, "labels") if args.labels else None
+            if feats is not None and feats.ndim != 2:
+                raise ValueError(f"--features has shape {list(feats.shape)}, expected [N, F]")
+            if labels is not None and (
+                labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer)
+            ):
+                raise ValueError(
+                    f"--labels must be [N] integers, got {list(labels.shape)} {labels.dtype}"
+                )
+            # the node count: --num-nodes, else the feature (or label) rows, so nodes after the
+            # largest id in the edge list (isolated ones) keep their rows; else max id + 1
+            n, origin = args.num_nodes, "--num-nodes"
+            for rows, what in ((feats, "--features"), (labels, "--labels")):
+                if rows is None:
+                    continue
+                if n is None:
+                    n, origin = int(rows.shape[0]), f"the {what} rows"
+                elif rows.shape[0] != n:
+                    verb = "is" if origin == "--num-nodes" else "are"
+                    raise ValueError(f"{what} has {rows.shape[0]} rows but {origin} {verb} {n}")
+            topo = datasets.load_edge_list(args.edges, n, args.undirected, num_nodes_from=origin)
             n = topo.node_count
-            feats = np.zeros((n, 0), np.float32)
-            labels = np.full(n, -1, np.int64)
-            if args.features:
-                feats = _load_npy(args.features, "features")
-                if feats.ndim != 2 or feats.shape[0] != n:
-                    raise ValueError(
-                        f"--features has shape {list(feats.shape)}, expected [{n}, F] "
-                        f"(the edge list has {n} nodes)"
-                    )
-            if args.labels:
-                labels = _load_npy(args.labels, "labels")
-                if labels.shape != (n,) or not np.issubdtype(labels.dtype, np.integer):
-                    raise ValueError(
-                        f"--labels must be [{n}] integers, got {list(labels.shape)} {labels.dtype}"
-                    )
+            if feats is None:
+                feats = np.zeros((n, 0), np.float32)
+            if labels is None:
+                labels = np.full(n, -1, np.int64)
             ds = datasets.PreparedDataset(
                 topo,
                 feats,

@@ -81,8 +81,15 @@ def read_table(
     return np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
 
 
-def _edges_to_topo(edges: np.ndarray, num_nodes: int | None, undirected: bool, name: str):
-    """``[E, 2]`` (src, dst) rows -> CSRTopo, with range checks naming ``name``."""
+def _edges_to_topo(
+    edges: np.ndarray,
+    num_nodes: int | None,
+    undirected: bool,
+    name: str,
+    num_nodes_from: str = "num_nodes",
+):
+    """``[E, 2]`` (src, dst) rows -> CSRTopo, with range checks naming ``name`` (and where the
+    node count came from, ``num_nodes_from``)."""
     if edges.ndim != 2 or edges.shape[1] != 2:
         raise ValueError(f"{name}: expected 2 columns (source, target), got shape {edges.shape}")
     if edges.size:
@@ -92,21 +99,27 @@ def _edges_to_topo(edges: np.ndarray, num_nodes: int | None, undirected: bool, n
             raise ValueError(f"{name}: row {row} holds negative node id {lo}")
         if num_nodes is not None and hi >= num_nodes:
             row = int(np.flatnonzero((edges >= num_nodes).any(1))[0]) + 1
-            raise ValueError(f"{name}: row {row} holds node id {hi} >= num_nodes ({num_nodes})")
+            raise ValueError(
+                f"{name}: row {row} holds node id {hi} >= {num_nodes_from} ({num_nodes})"
+            )
     ei = np.ascontiguousarray(edges.T)
     if undirected:
         ei = np.concatenate([ei, ei[::-1]], axis=1)
     return CSRTopo.from_edge_index(ei, num_nodes=num_nodes)
 
 
-def load_edge_list(path, num_nodes: int | None = None, undirected: bool = False) -> CSRTopo:
+def load_edge_list(
+    path, num_nodes: int | None = None, undirected: bool = False, num_nodes_from: str = "num_nodes"
+) -> CSRTopo:
     """Load an edge list: ``.txt`` (whitespace, ``#`` comments, SNAP style), ``.csv`` (comma,
     an optional header line), or ``.npy`` (``[2, E]`` or ``[E, 2]`` integers).
 
     Args:
         path: the file (``.txt``/``.csv`` may be gzipped: ``.txt.gz``, ``.csv.gz``).
-        num_nodes: node count; default ``max id + 1``.
+        num_nodes: node count (nodes after the largest id are isolated); default
+            ``max id + 1``.
         undirected: add the reverse of every edge.
+        num_nodes_from: where ``num_nodes`` came from, for the message when an id exceeds it.
     """
     path = Path(path)
     if not path.exists():
@@ -120,7 +133,9 @@ def load_edge_list(path, num_nodes: int | None = None, undirected: bool = False)
         if not np.issubdtype(a.dtype, np.integer):
             raise ValueError(f"{path.name}: node ids must be integers, got dtype {a.dtype}")
         edges = a.T if a.shape[0] == 2 and a.shape[1] != 2 else a
-        return _edges_to_topo(edges.astype(np.int64), num_nodes, undirected, path.name)
+        return _edges_to_topo(
+            edges.astype(np.int64), num_nodes, undirected, path.name, num_nodes_from
+        )
     if kind == ".csv":
         with _open_text(path) as f:
             first = f.readline()
@@ -130,7 +145,7 @@ def load_edge_list(path, num_nodes: int | None = None, undirected: bool = False)
         edges = read_table(path, np.int64, delimiter=None)
     else:
         raise ValueError(f"{path.name}: unsupported edge list type; use .txt, .csv or .npy")
-    return _edges_to_topo(edges, num_nodes, undirected, path.name)
+    return _edges_to_topo(edges, num_nodes, undirected, path.name, num_nodes_from)
 
 
 def _ogb_file(root: Path, *parts) -> Path:

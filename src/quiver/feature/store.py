@@ -225,7 +225,15 @@ class Feature:
         if n == 0 or dim == 0:
             raise ValueError(f"features must have rows and columns, got shape {[n, dim]}")
         if check_topo and self.csr_topo is not None and self.csr_topo.node_count != n:
-            raise ValueError(f"features have {n} rows but csr_topo has {self.csr_topo.node_count}")
+            hint = ""
+            if n > self.csr_topo.node_count and self.csr_topo.orientation is not None:
+                hint = (
+                    " (an edge list's nodes count to its largest id + 1; build it with "
+                    f"CSRTopo(edge_index, num_nodes={n}) to keep the isolated nodes after it)"
+                )
+            raise ValueError(
+                f"features have {n} rows but csr_topo has {self.csr_topo.node_count}{hint}"
+            )
         self._shape, self._dtype = (n, dim), dtype
         return n, dim
 
