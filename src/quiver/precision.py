@@ -5,10 +5,12 @@ units several times faster than fp32 where a CPU has them; where it does not, bf
 emulated and slower. So ``--precision auto`` does not guess: :func:`measure_precision` times
 both stages in both precisions on sampled batches of the served graph, on this machine, and
 keeps per stage the faster one (bf16 only when it wins by a margin and its answers agree with
-fp32). :func:`write_precision` records the choice with the CPU model in the dataset's
-``manifest.json`` (under ``"precision"``, beside the PSGS ``"calibration"``);
-:func:`read_precision` reuses it on the next start on the same CPU model and returns
-nothing for another CPU, which then measures again.
+fp32). :func:`write_precision` records the choice with the machine it was measured on
+(:func:`machine`: the CPU's model name, its bf16-relevant feature flags and the cores this
+process may use) in the dataset's ``manifest.json`` (under ``"precision"``, beside the PSGS
+``"calibration"``); :func:`read_precision` reuses it on the next start on the same machine and
+returns nothing for another one, which then measures again. The model name alone does not
+do: "AMD EPYC" names EPYCs with and without AVX-512-BF16 units.
 
 Logits and embeddings leave the model in fp32 whatever runs inside (:class:`PrecisionModel`).
 """
@@ -32,11 +34,16 @@ __all__ = [
     "STAGES",
     "PrecisionChoice",
     "PrecisionModel",
+    "cpu_cores",
+    "cpu_flags",
     "cpu_model",
+    "machine",
     "measure_precision",
     "model_id",
     "read_precision",
+    "same_machine",
     "sampled_batches",
+    "update_manifest",
     "write_precision",
 ]
 
@@ -72,6 +79,44 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+#: /proc/cpuinfo flags that decide how fast bf16 (and fp32) runs: oneDNN's AVX-512, AVX-512-BF16
+#: and AMX kernels (AVX2 alone emulates bf16 GEMMs)
+BF16_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+
+
+def cpu_flags() -> list[str]:
+    """The :data:`BF16_FLAGS` this CPU reports in /proc/cpuinfo (empty where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                have = set(value.split())
+                return [f for f in BF16_FLAGS if f in have]
+    except OSError:
+        pass
+    return []
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (its affinity mask; ``os.cpu_count()`` where none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def machine() -> dict:
+    """What a measured decision holds for: ``{"cpu_model", "cpu_flags", "cpu_cores"}``."""
+    return {"cpu_model": cpu_model(), "cpu_flags": cpu_flags(), "cpu_cores": cpu_cores()}
+
+
+def same_machine(record: dict, here: dict | None = None) -> bool:
+    """Whether ``record`` (a stored decision's fields) was measured on ``here`` (default:
+    :func:`machine`); a record without flags or cores (stored before they were) is not."""
+    here = machine() if here is None else here
+    return all(record.get(k) is not None and record.get(k) == v for k, v in here.items())
+
+
 def model_id(model: nn.Module) -> str:
     """A short fingerprint of a model's architecture: class, parameter count, tensor count."""
     inner = getattr(model, "module", model)
@@ -87,6 +132,9 @@ class PrecisionChoice:
         gather: ``"fp32"`` or ``"bf16"``: the dtype feature rows are stored and gathered in.
         model: ``"fp32"`` or ``"bf16"``: the dtype of the model's weights and activations.
         cpu_model: the CPU it was measured on (:func:`cpu_model`); empty when not measured.
+        cpu_flags: that CPU's :data:`BF16_FLAGS` (:func:`cpu_flags`); None in a record
+            written before they were stored (then measured again).
+        cpu_cores: cores the measuring process could use (:func:`cpu_cores`).
         model_id: the model it was measured for (:func:`model_id`); another model measures
             again.
         timings: ``{"gather": {"fp32": s, "bf16": s}, "model": {...}}``: summed seconds over
@@ -102,6 +150,8 @@ class PrecisionChoice:
     gather: str = "fp32"
     model: str = "fp32"
     cpu_model: str = ""
+    cpu_flags: list | None = None
+    cpu_cores: int | None = None
     model_id: str = ""
     timings: dict = field(default_factory=dict)
     agreement: float | None = None
@@ -126,9 +176,15 @@ class PrecisionChoice:
         return cls(gather=precision, model=precision)
 
     def describe(self) -> str:
-        """One line: ``gather bf16, model fp32 (measured on AMD EPYC)``."""
-        where = f" (measured on {self.cpu_model})" if self.cpu_model else ""
+        """One line: ``gather bf16, model fp32 (measured on AMD EPYC, avx2, 16 cores)``."""
+        where = f" (measured on {self.where()})" if self.cpu_model else ""
         return f"gather {self.gather}, model {self.model}{where}"
+
+    def where(self) -> str:
+        """The machine it was measured on: ``AMD EPYC, avx2, 16 cores``."""
+        flags = ", ".join(self.cpu_flags or []) or "no AVX2/AVX-512/AMX"
+        cores = f", {self.cpu_cores} cores" if self.cpu_cores else ""
+        return f"{self.cpu_model}, {flags}{cores}"
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -311,7 +367,7 @@ def measure_precision(
     return PrecisionChoice(
         gather=g,
         model=m,
-        cpu_model=cpu_model(),
+        **machine(),
         model_id=model_id(model),
         timings={
             "gather": dict(gather_t),
@@ -331,24 +387,37 @@ def measure_precision(
 # ------------------------------------------------------------------------------ manifest
 
 
-def write_precision(manifest_path, choice: PrecisionChoice) -> None:
-    """Store ``choice`` under ``"precision"`` in a manifest.json, atomically (temp + rename)."""
+def update_manifest(manifest_path, key: str, value, drop: tuple = ()) -> None:
+    """Set ``key`` (and remove the ``drop`` keys) in a manifest.json, atomically (temp +
+    rename)."""
     p = Path(manifest_path)
     if p.is_dir():
         p = p / "manifest.json"
     manifest = json.loads(p.read_text()) if p.exists() else {}
-    manifest["precision"] = choice.to_json()
+    manifest[key] = value
+    for k in drop:
+        manifest.pop(k, None)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, p)
 
 
+def write_precision(manifest_path, choice: PrecisionChoice) -> None:
+    """Store ``choice`` under ``"precision"`` in a manifest.json, atomically (temp + rename).
+
+    The ``"fold"`` decision stored beside it (``quiver.serving.folded.FoldChoice``) was
+    measured on top of the precision before, so it is removed: the next start measures it again.
+    """
+    update_manifest(manifest_path, "precision", choice.to_json(), drop=("fold",))
+
+
 def read_precision(
-    manifest: dict, cpu: str | None = None, model: nn.Module | None = None
+    manifest: dict, here: dict | None = None, model: nn.Module | None = None
 ) -> PrecisionChoice | None:
-    """The measured choice in ``manifest`` if it was measured on ``cpu`` (default: this
-    machine's :func:`cpu_model`) and, when ``model`` is given, for a model of the same
-    :func:`model_id`; else None (no answer for this CPU and model: measure again)."""
+    """The measured choice in ``manifest`` if it was measured on ``here`` (default: this
+    :func:`machine`: CPU model, bf16 flags, cores) and, when ``model`` is given, for a model of
+    the same :func:`model_id`; else None (no answer for this machine and model: measure
+    again)."""
     d = manifest.get("precision")
     if not d:
         return None
@@ -356,7 +425,7 @@ def read_precision(
         choice = PrecisionChoice.from_json(d)
     except (TypeError, ValueError):
         return None
-    if choice.cpu_model != (cpu_model() if cpu is None else cpu):
+    if not same_machine(d, here):
         return None
     if model is not None and choice.model_id and choice.model_id != model_id(model):
         return None

@@ -2,6 +2,8 @@
 unfolded model, clear refusals for models and stores it cannot serve, and ``auto`` deciding by
 measurement."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -143,8 +145,25 @@ def test_served_logits_and_embeddings_match_unfolded(world):
     assert float((got16.argmax(1) == want.argmax(1)).mean()) >= 0.98
 
 
-def test_auto_folds_only_when_measured_faster(world, monkeypatch):
+def _fresh_data(world, tmp_path):
+    """A copy of the world's dataset, with no stored decision in its manifest."""
+    import shutil
+
     d, *_ = world
+    shutil.copytree(d / "data", tmp_path / "data")
+    return tmp_path / "data"
+
+
+def _forget_fold(data):
+    """Drop the stored ``--fold-first-layer auto`` decision: the next start measures again."""
+    m = json.loads((data / "manifest.json").read_text())
+    m.pop("fold", None)
+    (data / "manifest.json").write_text(json.dumps(m))
+
+
+def test_auto_folds_only_when_measured_faster(world, monkeypatch, tmp_path):
+    d, *_ = world
+    data = _fresh_data(world, tmp_path)
 
     def timed(unfolded, folded, bf16=None):
         def fake(sampler, features, model, folds, *a, **k):
@@ -155,21 +174,23 @@ def test_auto_folds_only_when_measured_faster(world, monkeypatch):
         return fake
 
     monkeypatch.setattr(folded_mod, "measure_fold", timed(2.0, 1.0))
-    _, _, server = _serve(d / "data", d / "sage.pt", fold="auto")
+    _, _, server = _serve(data, d / "sage.pt", fold="auto")
     assert isinstance(server.engine.features, FoldedFirstLayer)
     assert "2.00x faster on sampled batches" in server.info
+    _forget_fold(data)
     monkeypatch.setattr(folded_mod, "measure_fold", timed(1.0, 0.99))  # within the 5% margin
-    _, _, server = _serve(d / "data", d / "sage.pt", fold="auto")
+    _, _, server = _serve(data, d / "sage.pt", fold="auto")
     assert not isinstance(server.engine.features, FoldedFirstLayer)
     assert "first layer not folded (measured 1.01x" in server.info
     # a bf16 gather: auto also tries fp32 tables and keeps the faster
     for fp32_s, bf16_s, kept in ((1.0, 0.5, torch.bfloat16), (0.5, 1.0, torch.float32)):
+        _forget_fold(data)
         monkeypatch.setattr(folded_mod, "measure_fold", timed(2.0, fp32_s, bf16_s))
-        _, _, server = _serve(d / "data", d / "sage.pt", fold="auto", precision="bf16")
+        _, _, server = _serve(data, d / "sage.pt", fold="auto", precision="bf16")
         assert server.engine.features.dtype == kept
         assert "tables 2.00x" in server.info
     # a model that cannot fold is served as it is under auto
-    _, _, server = _serve(d / "data", d / "gcn.pt", fold="auto")
+    _, _, server = _serve(data, d / "gcn.pt", fold="auto")
     assert "first layer not folded (its first layer is gcn, not SAGE)" in server.info
 
 
@@ -211,3 +232,75 @@ def test_bad_fold_value_is_refused(world):
     d, *_ = world
     with pytest.raises(ValueError, match="--fold-first-layer must be one of auto, on, off"):
         Server.from_dataset(d / "data", d / "sage.pt", fold="maybe")
+
+
+def test_auto_decisions_are_reused_at_restart(world, monkeypatch, tmp_path):
+    """``--precision auto --fold-first-layer auto``: the first start measures both and stores
+    them; the next start on this machine reads both back, measures nothing and serves
+    bit-identical logits (a restart used to re-measure the fold, and could switch between
+    folded and unfolded or between table dtypes)."""
+    from quiver import precision
+
+    d, *_ = world
+    data = _fresh_data(world, tmp_path)
+    calls = []
+
+    def spy(name, real):
+        def measured(*a, **k):
+            calls.append(name)
+            return real(*a, **k)
+
+        return measured
+
+    monkeypatch.setattr(
+        precision, "measure_precision", spy("precision", precision.measure_precision)
+    )
+    monkeypatch.setattr(folded_mod, "measure_fold", spy("fold", folded_mod.measure_fold))
+    first, first_emb, s1 = _serve(data, d / "sage.pt", fold="auto", precision="auto")
+    assert calls == ["precision", "fold"]
+    calls.clear()
+    for _ in range(2):  # the second and third starts
+        again, again_emb, s2 = _serve(data, d / "sage.pt", fold="auto", precision="auto")
+        assert calls == [], s2.info
+        np.testing.assert_array_equal(again, first)
+        np.testing.assert_array_equal(again_emb, first_emb)
+        assert type(s2.engine.features) is type(s1.engine.features)
+        assert s2.engine.features.dtype == s1.engine.features.dtype
+        assert s2.info.count("from the manifest") == 2, s2.info
+    m = json.loads((data / "manifest.json").read_text())
+    assert m["fold"]["cpu_flags"] == precision.cpu_flags() == m["precision"]["cpu_flags"]
+    # re-measuring the precision on request (quiver calibrate --checkpoint) drops the fold
+    # decision measured on top of it: the next start measures the fold again
+    precision.write_precision(data, precision.PrecisionChoice.from_json(m["precision"]))
+    assert "fold" not in json.loads((data / "manifest.json").read_text())
+    _serve(data, d / "sage.pt", fold="auto", precision="auto")
+    assert calls == ["fold"]
+
+
+def test_auto_keeps_the_first_fold_decision_whatever_later_timings_say(
+    world, monkeypatch, tmp_path
+):
+    """Fixed timings: the first start measures the folded path faster and folds; a restart
+    whose measurement would say otherwise does not measure, and folds the same tables."""
+    d, *_ = world
+    data = _fresh_data(world, tmp_path)
+    timings = iter([(2.0, 1.0), (1.0, 2.0)])  # folded faster, then slower
+
+    def fixed(sampler, features, model, folds, *a, **k):
+        unfolded, folded = next(timings)
+        return {"unfolded_s": unfolded, "folded_s": dict.fromkeys(folds, folded)}
+
+    monkeypatch.setattr(folded_mod, "measure_fold", fixed)
+    first, _, s1 = _serve(data, d / "sage.pt", fold="auto")
+    again, _, s2 = _serve(data, d / "sage.pt", fold="auto")
+    assert isinstance(s1.engine.features, FoldedFirstLayer)
+    assert isinstance(s2.engine.features, FoldedFirstLayer), s2.info
+    assert "2.00x faster on sampled batches; auto, from the manifest" in s2.info
+    np.testing.assert_array_equal(again, first)
+    # a machine with other bf16 units (here: a record naming one more flag) measures again
+    m = json.loads((data / "manifest.json").read_text())
+    m["fold"]["cpu_flags"] = m["fold"]["cpu_flags"] + ["amx_bf16_elsewhere"]
+    (data / "manifest.json").write_text(json.dumps(m))
+    _, _, s3 = _serve(data, d / "sage.pt", fold="auto")
+    assert not isinstance(s3.engine.features, FoldedFirstLayer)
+    assert "first layer not folded (measured 0.50x" in s3.info

@@ -172,6 +172,47 @@ def test_auto_rechecks_for_another_cpu_model_or_model(world, tmp_path, monkeypat
     assert type(server.engine.model).__name__ == "SampledGNN"
 
 
+@pytest.mark.parametrize("record", ["other bf16 units", "no flags stored", "other cores"])
+def test_auto_rechecks_on_the_same_cpu_name_with_other_units(world, tmp_path, monkeypatch, record):
+    """The CPU model name alone ("AMD EPYC") names CPUs with and without bf16 units: a stored
+    choice is reused only on a CPU with the same bf16-relevant flags and cores."""
+    import os
+
+    from quiver.precision import model_id
+
+    data, ckpt = _copy_data(world, tmp_path)
+    stored = PrecisionChoice("bf16", "bf16", cpu_model=cpu_model(), model_id=model_id(world[2]))
+    stored = stored.to_json()  # as written before flags and cores were stored
+    cores = len(os.sched_getaffinity(0))
+    if record == "other bf16 units":  # no CPU reports a flag list with a made-up flag
+        stored.update(cpu_flags=["amx_bf16", "avx512_bf16", "made_up_flag"], cpu_cores=cores)
+    elif record == "other cores":
+        from quiver.precision import cpu_flags
+
+        stored.update(cpu_flags=cpu_flags(), cpu_cores=cores + 1)
+    m = json.loads((data / "manifest.json").read_text())
+    m["precision"] = stored
+    (data / "manifest.json").write_text(json.dumps(m))
+    calls = []
+    real = measure_precision
+
+    def counting(*a, **k):
+        calls.append(1)
+        return real(*a, **{**k, "margin": 0.999})  # fp32 whatever this CPU is
+
+    monkeypatch.setattr("quiver.precision.measure_precision", counting)
+    _, server = _logits(data, ckpt, precision="auto")
+    assert calls == [1] and "measured now" in server.info
+    from quiver.precision import machine
+
+    here = machine()
+    rec = json.loads((data / "manifest.json").read_text())["precision"]
+    assert rec["cpu_flags"] == here["cpu_flags"] and rec["cpu_cores"] == here["cpu_cores"] == cores
+    # the same machine reads it back
+    _, server = _logits(data, ckpt, precision="auto")
+    assert calls == [1] and "from the manifest" in server.info
+
+
 def test_measure_precision_reports_both_stages(world):
     d, _, model = world
     ds = load_prepared(d / "data")

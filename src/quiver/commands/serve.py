@@ -99,9 +99,9 @@ def add_serve_options(p) -> None:
         metavar="auto|fp32|bf16",
         help="fp32 (as trained); bf16: feature rows gathered and the model run in bf16 "
         "(AMX / AVX-512-BF16 through oneDNN), logits still fp32; auto: per stage the faster "
-        "on this CPU, as `quiver calibrate --checkpoint` recorded it for this CPU model and "
-        "this model, else measured at start-up (seconds) and recorded in the manifest "
-        "(default fp32)",
+        "on this CPU, as `quiver calibrate --checkpoint` recorded it for this machine (CPU "
+        "model, bf16 flags, cores) and this model, else measured at start-up (seconds) and "
+        "recorded in the manifest (default fp32)",
     )
     p.add_argument(
         "--fold-first-layer",
@@ -110,7 +110,8 @@ def add_serve_options(p) -> None:
         help="fold a SAGE model's first layer into the feature table: two (nodes x hidden) "
         "tables replace the features and layer 1 needs no matrix product; auto: when the "
         "model allows it, the tables fit in half the free RAM and it measures faster at "
-        "start-up (default auto)",
+        "start-up; the decision is recorded in the manifest and reused by later starts on this "
+        "machine with this model, precision and fanouts (default auto)",
     )
     p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible answers)")
     p.add_argument("--device", default=None, help="model device, e.g. cuda:0 (default cpu)")

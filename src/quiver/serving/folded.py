@@ -28,12 +28,21 @@ from __future__ import annotations
 
 import copy
 import time
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["FOLD_CHOICES", "FoldedFirstLayer", "measure_fold", "why_not_foldable"]
+__all__ = [
+    "FOLD_CHOICES",
+    "FoldChoice",
+    "FoldedFirstLayer",
+    "measure_fold",
+    "read_fold",
+    "why_not_foldable",
+    "write_fold",
+]
 
 #: values of ``--fold-first-layer``
 FOLD_CHOICES = ("auto", "on", "off")
@@ -248,3 +257,70 @@ def measure_fold(
         "max_abs_diff": max_diff,
         "agreement": {name: agree[name] / total if total else None for name in folds},
     }
+
+
+# ------------------------------------------------------------------------------ the decision
+
+
+@dataclass
+class FoldChoice:
+    """What ``--fold-first-layer auto`` measured, stored in the dataset's manifest (``"fold"``)
+    and reused as is by every later start on the same machine, model, precision and fanouts,
+    so a restart serves the same tables (the same logits) without measuring again.
+
+    Attributes:
+        folded: whether the folded path won.
+        table: the winning tables' dtype (``"fp32"`` or ``"bf16"``); empty when not folded.
+        summary: what the start-up line said (e.g. the measured speed-up).
+        gather: the precision of the unfolded gather it was measured against.
+        model: the precision of the model it was measured with.
+        sizes: the sampled fanouts of the measured batches.
+        model_id: the model (``quiver.precision.model_id``).
+        cpu_model: the machine (``quiver.precision.machine``): CPU model name,
+        cpu_flags: its bf16-relevant flags
+        cpu_cores: and the cores the measuring process could use.
+        created: UTC timestamp.
+    """
+
+    folded: bool
+    table: str = ""
+    summary: str = ""
+    gather: str = "fp32"
+    model: str = "fp32"
+    sizes: list = field(default_factory=list)
+    model_id: str = ""
+    cpu_model: str = ""
+    cpu_flags: list | None = None
+    cpu_cores: int | None = None
+    created: str = ""
+
+    def key(self) -> tuple:
+        """What a stored choice must match to be reused (beside the machine)."""
+        return (self.gather, self.model, [int(k) for k in self.sizes], self.model_id)
+
+
+def read_fold(manifest: dict, want: FoldChoice) -> FoldChoice | None:
+    """The stored ``"fold"`` decision when it was measured on this machine for ``want``'s
+    :meth:`FoldChoice.key`; else None (measure again)."""
+    from quiver.precision import same_machine
+
+    d = manifest.get("fold")
+    if not isinstance(d, dict):
+        return None
+    try:
+        stored = FoldChoice(**{k: v for k, v in d.items() if k in FoldChoice.__dataclass_fields__})
+    except TypeError:
+        return None
+    if not same_machine(d) or stored.key() != want.key():
+        return None
+    if stored.folded and stored.table not in ("fp32", "bf16"):
+        return None
+    return stored
+
+
+def write_fold(manifest_path, choice: FoldChoice) -> None:
+    """Store ``choice`` under ``"fold"`` in a manifest.json (atomically), with this machine."""
+    from quiver.precision import machine, update_manifest
+
+    choice.created = choice.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    update_manifest(manifest_path, "fold", {**asdict(choice), **machine()})

@@ -91,8 +91,9 @@ class Server:
             precision: ``"fp32"`` (default: as trained), ``"bf16"`` (feature rows gathered in
                 bf16, converted at load unless stored so, and the model's weights in bf16), or
                 ``"auto"``: per stage the faster on this CPU, from the manifest's
-                ``"precision"`` entry when it was measured on this CPU model, else measured
-                now (``quiver.precision.measure_precision``, a few seconds) and recorded there.
+                ``"precision"`` entry when it was measured on this machine (CPU model, bf16
+                flags, cores: ``quiver.precision.machine``), else measured now
+                (``quiver.precision.measure_precision``, a few seconds) and recorded there.
                 Logits and embeddings are fp32 either way. A bf16-stored dataset (``quiver
                 prepare --feature-dtype bf16``) is gathered in bf16 under every setting.
             peers: a ``quiver.feature.peer.PeerConfig``: serve as one host of a ``quiver
@@ -105,8 +106,12 @@ class Server:
                 tables replace the ``(N, F)`` features, and layer 1 becomes a gather with no
                 GEMM. ``"auto"`` folds when the model allows it, the features are served from
                 RAM on the CPU, the tables fit in half the available memory, and the folded
-                path is measured faster on sampled batches at start-up; ``"on"`` folds or
-                refuses in one line.
+                path is measured faster on sampled batches at start-up. That decision (and
+                the tables' dtype) is recorded in the manifest (``"fold"``,
+                ``quiver.serving.folded.FoldChoice``) and reused as is by later starts on this
+                machine with this model, precision and fanouts, so they serve the same
+                logits; re-measuring the precision drops it. ``"on"`` folds or refuses in one
+                line.
         """
         import torch
 
@@ -418,6 +423,25 @@ def _fold_choice(
     # "auto" also measures an fp32 table when the gather runs in bf16: a bf16 neighbour mean
     # is not faster on every CPU (converting rows can cost more than the bytes it saves)
     build_dtype = torch.float32 if fold == "auto" else table_dtype
+    stored = want = None
+    if fold == "auto" and reason is None:
+        # decided once per machine, model, precision and fanouts: a restart reuses the stored
+        # decision as a whole (the same tables, the same logits) and measures nothing
+        from quiver.precision import model_id
+        from quiver.serving.folded import FoldChoice, read_fold
+
+        want = FoldChoice(
+            folded=False,
+            gather=_DTYPE_NAMES[table_dtype],
+            model=_DTYPE_NAMES[model_dtype],
+            sizes=[int(k) for k in sizes],
+            model_id=model_id(raw_net),
+        )
+        stored = read_fold(ds.manifest, want)
+        if stored is not None and not stored.folded:
+            return None, f"; first layer not folded ({stored.summary}; auto, from the manifest)"
+        if stored is not None:
+            build_dtype = DTYPES_BY_NAME[stored.table]
     if reason is None:
         hidden = raw_net.convs[0].lin_l.weight.shape[0]
         need = 2 * ds.num_nodes * hidden * torch.empty((), dtype=build_dtype).element_size()
@@ -436,7 +460,9 @@ def _fold_choice(
     folded.tail = PrecisionModel.wrap(folded.tail, model_dtype, torch.float32)
     built = f"built in {folded.build_s:.1f} s"
     how = ""
-    if fold == "auto":
+    if stored is not None:
+        how = f"; {stored.summary}; auto, from the manifest"
+    elif fold == "auto":
         from quiver.pyg import GraphSageSampler
 
         folds = {_DTYPE_NAMES[build_dtype]: folded}
@@ -451,21 +477,39 @@ def _fold_choice(
         best = min(m["folded_s"], key=m["folded_s"].get)
         speed = m["unfolded_s"] / max(m["folded_s"][best], 1e-9)
         if not m["folded_s"][best] < 0.95 * m["unfolded_s"]:
-            return None, (
-                f"; first layer not folded (measured {speed:.2f}x the unfolded gather + model "
-                "speed on sampled batches)"
+            want.summary = (
+                f"measured {speed:.2f}x the unfolded gather + model speed on sampled batches"
             )
+            _record_fold(ds, want)
+            return None, f"; first layer not folded ({want.summary})"
         folded = folds[best]
-        how = f"; gather + model {speed:.2f}x faster on sampled batches"
+        want.summary = f"gather + model {speed:.2f}x faster on sampled batches"
         if len(folds) > 1:
             other = next(n for n in folds if n != best)
-            how += f", {best} tables {m['folded_s'][other] / m['folded_s'][best]:.2f}x {other}"
+            ratio = m["folded_s"][other] / m["folded_s"][best]
+            want.summary += f", {best} tables {ratio:.2f}x {other}"
+        want.folded, want.table = True, best
+        _record_fold(ds, want)
+        how = f"; {want.summary}"
     shape = f"2 x {folded.num_nodes:,} x {folded.hidden} {_DTYPE_NAMES[folded.dtype]}"
     info = f"; first layer folded into {shape} tables ({_gib(folded.nbytes)}, {built}{how})"
     return folded, info
 
 
 _DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+DTYPES_BY_NAME = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+
+
+def _record_fold(ds, choice) -> None:
+    """Store a measured ``FoldChoice`` in the dataset's manifest (a warning when it cannot)."""
+    from quiver.serving.folded import write_fold
+
+    if ds.path is None:
+        return
+    try:
+        write_fold(Path(ds.path) / "manifest.json", choice)
+    except OSError as e:
+        log.warning("could not record the fold decision in %s: %s", ds.path, e)
 
 
 def _gib(n: int) -> str:
@@ -501,7 +545,7 @@ def _precision_choice(precision, ds, net, sizes, frontier, device, cfg, sampler_
         return PrecisionChoice.fixed("fp32"), f"auto measures CPU models only; model on {device}"
     choice = read_precision(ds.manifest, model=net)
     if choice is not None:
-        how = f"auto, from the manifest: measured on {choice.cpu_model}"
+        how = f"auto, from the manifest: measured on {choice.where()}"
         return choice, how + (f"; {choice.note}" if choice.note else "")
     from quiver.pyg import GraphSageSampler
 
@@ -512,7 +556,8 @@ def _precision_choice(precision, ds, net, sizes, frontier, device, cfg, sampler_
     choice = measure_precision(
         sampler, ds.features, net, ds.num_nodes, repeats=2, num_threads=cfg.torch_threads
     )
-    how = f"auto, measured now on {choice.cpu_model}"
+    how = f"auto, measured now on {choice.where()}"
+    ds.manifest.pop("fold", None)  # measured on top of another precision (write_precision)
     if ds.path is not None:
         try:
             write_precision(Path(ds.path) / "manifest.json", choice)
