@@ -53,3 +53,12 @@ def test_profile_then_simulate_a_run_config(tmp_path, capsys):
     rc = main(["simulate", cfg, "--profile", str(prof), "--scheduler", "wavefront", "--no-gantt"])
     text = capsys.readouterr().out
     assert rc == 0 and "== wavefront" in text and "teacher" in text
+    # the same run with a pipelined teacher: its stages count as ranks, the bubble is named
+    staged = tmp_path / "kd_pp.toml"
+    staged.write_text(
+        Path(cfg).read_text().replace("[sections.teacher]", "[sections.teacher]\npp = 2")
+    )
+    rc = main(["simulate", str(staged), "--profile", str(prof), "--no-gantt"])
+    text = capsys.readouterr().out
+    assert rc == 0 and "on 3 ranks" in text and "teacher dp=1 pp=2 mbs=8" in text
+    assert "1F1B's fill and drain" in text and "== monolithic-balanced" in text

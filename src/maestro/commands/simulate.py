@@ -143,27 +143,51 @@ def run(args: argparse.Namespace) -> int:
         if n not in MONOLITHIC:
             get_scheduler(n)  # ValueError lists the known names
     label, samples, sections, cm, mono_mbs = load_workload(args)
-    world = sum(s.dp * getattr(s, "tp", 1) for s in sections)  # ranks: replicas x tp
+    # pipeline stages of a run config's sections (LayoutCostModel prices them per stage)
+    strategy = getattr(cm, "strategy", None)
+    pp = {s.name: (strategy(s.name).pp if strategy else 1) for s in sections}
+    world = sum(s.dp * getattr(s, "tp", 1) * pp[s.name] for s in sections)  # replicas x tp x pp
     print(
         f"{label}: {len(samples)} samples on {world} ranks; "
-        + ", ".join(f"{s.name} dp={s.dp} mbs={s.micro_batch_size}" for s in sections)
+        + ", ".join(
+            f"{s.name} dp={s.dp}"
+            + (f" pp={pp[s.name]}" if pp[s.name] > 1 else "")
+            + f" mbs={s.micro_batch_size}"
+            for s in sections
+        )
     )
+    if any(v > 1 for v in pp.values()):
+        print(
+            "  pipelined sections replay at their stages' throughput; 1F1B's fill and drain "
+            "((pp - 1) stage micro-batches per step) are not in the timeline"
+        )
+    # the whole-model baselines run on every rank, stages included, without pipelining
+    mono_cm = cm
+    if any(v > 1 for v in pp.values()):
+        from dataclasses import replace
+
+        from maestro.plan.tpmodel import LayoutCostModel
+
+        flat = {n: replace(st, pp=1, pp_shared=False) for n, st in cm.strategies.items()}
+        mono_cm = LayoutCostModel(cm.base, flat, cm.overlap)
     results = {}
     for n in names:
         t = time.perf_counter()
+        run_cm = cm
         if n in MONOLITHIC:
+            run_cm = mono_cm
             # the baseline's sampler orders the batch; the shards are then contiguous
             units = [(s.name, s.frozen) for s in sections]
-            mono_world = sum(s.dp * s.tp for s in sections)
-            order = sampler_order(MONOLITHIC[n][0], samples, mono_world, cm, units)
+            mono_world = sum(s.dp * s.tp * pp[s.name] for s in sections)
+            order = sampler_order(MONOLITHIC[n][0], samples, mono_world, run_cm, units)
             sched = monolithic_schedule(
-                order, sections, cm, world_size=mono_world, micro_batch_size=mono_mbs
+                order, sections, run_cm, world_size=mono_world, micro_batch_size=mono_mbs
             )
         else:
             sched = SCHEDULERS[n](samples, sections, cm)
         t_sched = time.perf_counter() - t
         t = time.perf_counter()
-        res = simulate(sched, samples, sections, cm, trace=not args.no_gantt)
+        res = simulate(sched, samples, sections, run_cm, trace=not args.no_gantt)
         t_sim = time.perf_counter() - t
         results[n] = res
         what = f"{MONOLITHIC[n][1]}; " if n in MONOLITHIC else ""

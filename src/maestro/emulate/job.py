@@ -100,6 +100,8 @@ def layout_cost_model(c: Config, sections: dict):
             zero=sc.zero,
             recompute=bool(sc.recompute) and not sc.frozen,
             reshard_after_forward=sc.reshard_after_forward,
+            pp=sc.pp,
+            pp_shared=sc.pp > 1,
         )
         for n, sc in sections.items()
     }

@@ -140,10 +140,8 @@ class LayoutCostModel(CostModel):
             for f in ("tp", "fsdp", "pp", "cp"):
                 if getattr(s, f) < 1:
                     raise ValueError(f"{f} of section {name!r} must be >= 1, got {getattr(s, f)}")
-            if (s.pp > 1 or s.cp > 1) and not self.analytical:
-                raise ValueError(
-                    f"section {name!r}: pp and cp are priced on analytical models only"
-                )
+            if s.cp > 1 and not self.analytical:
+                raise ValueError(f"section {name!r}: cp is priced on analytical models only")
             if s.zero and s.fsdp > 1:
                 raise ValueError(f"section {name!r}: zero = 1 needs fsdp = 1")
             if s.tp > 1 or s.fsdp > 1 or (s.recompute and not self.analytical):
@@ -248,7 +246,8 @@ class LayoutCostModel(CostModel):
 
     def _shared_params(self, section: str) -> float:
         """Parameters outside the blocks (input embedding and LM head) of an analytical
-        section (0 for a measured one: ``pp`` is priced on analytical models only)."""
+        section; 0 for a measured model, which knows no parameter split, so its stages
+        are priced as ``1/pp`` of the whole section's time and state)."""
         if not self.analytical:
             return 0.0
         spec = self.base.shapes[section].spec
@@ -464,6 +463,8 @@ def config_strategies(config) -> dict[str, SectionStrategy]:
             zero=sc.zero,
             recompute=bool(sc.recompute),
             reshard_after_forward=bool(sc.reshard_after_forward),
+            pp=sc.pp,
+            pp_shared=sc.pp > 1,  # maestro train keeps embeddings and head on every stage
         )
         for n, sc in config.sections.items()
     }
