@@ -265,8 +265,19 @@ def test_resume_with_a_different_model_is_a_value_error(tmp_path):
     with pytest.raises(ValueError, match="different run config.*workload"):
         ck.check_compatible(found, meta, other)
     lr = C.loads(MLLM.replace("lr = 0.1", "lr = 0.2"))
-    with pytest.raises(ValueError, match="differs in: sections"):
+    with pytest.raises(ValueError, match=r"differs in: sections\.llm\.lr\)"):
         ck.check_compatible(found, meta, lr)
+    # the LR schedule is the optimizer's too
+    warm = C.loads(MLLM.replace("lr = 0.1", "lr = 0.1\nwarmup_steps = 2"))
+    with pytest.raises(ValueError, match=r"differs in: sections\.llm\.warmup_steps\)"):
+        ck.check_compatible(found, meta, warm)
+    # a checkpoint written before the schedule was recorded still resumes
+    old = {"fingerprint": ck.fingerprint(cfg)}
+    for sec in old["fingerprint"]["sections"].values():
+        for f in ("optimizer_args", "lr_schedule", "warmup_steps", "min_lr_ratio"):
+            del sec[f]
+    ck.check_compatible(found, old, cfg)
+    ck.check_compatible(found, old, warm)
     with pytest.raises(ValueError, match="only 2 steps"):
         ck.check_compatible(found, meta, C.loads(MLLM.replace("steps = 5", "steps = 2")))
 

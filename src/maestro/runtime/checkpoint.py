@@ -93,8 +93,23 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+#: the section fields a resume must keep (the optimizer and its LR schedule); the layout
+#: (dp, fsdp, tp, pp, zero, micro-batches) may change
+FINGERPRINT_FIELDS = (
+    "frozen",
+    "optimizer",
+    "lr",
+    "weight_decay",
+    "optimizer_args",
+    "lr_schedule",
+    "warmup_steps",
+    "min_lr_ratio",
+)
+
+
 def fingerprint(config: TrainConfig) -> dict:
-    """What must not change across a resume: the model, the data and the optimizers."""
+    """What must not change across a resume: the model, the data, the optimizers and their
+    LR schedules."""
     d = config.to_dict()
     return {
         "workload": d["workload"],  # its name and the model's shape
@@ -102,10 +117,26 @@ def fingerprint(config: TrainConfig) -> dict:
         "global_batch": d["global_batch"],
         "dtype": d["dtype"],
         "sections": {
-            n: {k: s.get(k) for k in ("frozen", "optimizer", "lr", "weight_decay")}
-            for n, s in d["sections"].items()
+            n: {k: s.get(k) for k in FINGERPRINT_FIELDS} for n, s in d["sections"].items()
         },
     }
+
+
+def _fingerprint_diff(want: dict, got: dict) -> list[str]:
+    """The fields that differ, as config paths (``sections.llm.lr``); a section field an
+    older checkpoint did not record is not compared."""
+    out = []
+    for k in sorted(want):
+        if k == "sections" and isinstance(want[k], dict) and isinstance(got.get(k), dict):
+            ws, gs = want[k], got[k]
+            for n in sorted(set(ws) | set(gs)):
+                if n not in ws or n not in gs:
+                    out.append(f"sections.{n}")
+                    continue
+                out += [f"sections.{n}.{f}" for f in ws[n] if ws[n][f] != gs[n].get(f)]
+        elif want.get(k) != got.get(k):
+            out.append(k)
+    return out
 
 
 def rng_state() -> dict:
@@ -263,8 +294,8 @@ def latest(d: str | Path) -> Checkpoint | None:
 def check_compatible(ckpt: Checkpoint, meta: dict, config: TrainConfig) -> None:
     """``ValueError`` unless ``config`` trains the same model on the same data as the checkpoint."""
     want, got = meta["fingerprint"], fingerprint(config)
-    if want != got:
-        diff = sorted(k for k in want if want.get(k) != got.get(k))
+    diff = _fingerprint_diff(want, got)
+    if diff:
         raise ValueError(
             f"checkpoint {ckpt.dir}/{_prefix(ckpt.next_step)} was written by a different run "
             f"config (differs in: {', '.join(diff)})"
