@@ -332,3 +332,31 @@ def test_eval_config_errors_are_one_line(tmp_path):
     finally:
         (tmp_path / "evaljob.py").write_text(JOB)
         sys.modules.pop("evaljob", None)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize(
+    "learner",
+    [
+        # FSDP: a shard group runs padding forwards in step (7 held-out records, 2 replicas)
+        "fsdp = 2",
+        # colocated with the frozen tagger: the group's replica runs both, outputs in memory
+        'dp = 1\ngroup = "all"',
+    ],
+    ids=["fsdp2", "colocated"],
+)
+def test_eval_under_other_layouts_equals_the_no_grad_forward(tmp_path, learner):
+    """Under FSDP and in a colocated group the eval figures still equal the hand-written
+    no-grad forward (the colocated sink's ``ce`` included: a group once reported only its
+    ``loss``)."""
+    cfg = write_run(tmp_path, EVAL, learner)
+    if "group" in learner:
+        cfg.sections["tagger"].group = "all"
+    res = launch(cfg, opts=RunOptions(progress=False))
+    _, want, _ = plain_loop(cfg)
+    assert [r["step"] for r in res["eval"]] == [2, 3]
+    for r in res["eval"]:
+        loss, ce = want[r["step"]]
+        assert abs(r["eval/loss"] - loss) <= 1e-10 * abs(loss), (r, want)
+        assert abs(r["eval/ce"] - ce) <= 1e-10 * abs(ce), (r, want)
+        assert r["eval/samples"] == 7

@@ -15,7 +15,8 @@ as one virtual ``Section`` named ``"a+b"`` (its members in topological order, as
   trainable members' autograd graph);
 - the group's per-sample outputs carry what leaves the group as ``"member/key"`` (consumers
   get them back under the member's name, so their forwards are unchanged) and, when the group
-  holds a sink, the sum of its members' sink losses as ``"loss"``.
+  holds a sink, the sum of its members' sink losses as ``"loss"`` (and their other per-sample
+  scalars, e.g. ``"ce"``, under their own names, for the eval and the logs).
 
 Autograd runs through the whole group micro-batch, so one backward per group micro-batch
 gives every trainable member its gradients, and the step equals the single-process step.
@@ -474,6 +475,12 @@ def _group_section(
                     outs[i].update({f"{m}{SEP}{k}": v for k, v in o2.items()})
                 if m in sinks:
                     losses[i].append(_scaled({"loss": sink_loss(m, o)}, leave_f)["loss"])
+                    # the sink's other per-sample scalars (e.g. ``ce``): reported, as a
+                    # disaggregated sink's are (summed over sink members sharing a name)
+                    for k, v in o.items():
+                        if k != "loss" and isinstance(v, torch.Tensor) and v.numel() == 1:
+                            v = v.detach().reshape(())
+                            outs[i][k] = outs[i][k] + v if k in outs[i] else v
         if sinks:
             for i, ls in enumerate(losses):
                 outs[i]["loss"] = torch.stack(ls).sum() if ls else torch.zeros(())
