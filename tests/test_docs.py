@@ -9,7 +9,10 @@ the code.
   it to ``PATH`` (and a file the repository ships under that path must hold the same text),
   ``<!-- background: URL ... -->`` starts it in the background and waits until every ``URL``
   answers; background blocks are stopped when the page ends. Ports 8000-8009 and 29500-29509
-  are replaced by free ones.
+  are replaced by free ones. Python blocks run as scripts in children forked from one
+  interpreter that has imported torch and the packages (only the import time is shared), and a
+  page that starts with the same blocks as an earlier page starts from a snapshot of that
+  page's directory after them, so the shared "prepare a dataset, train a model" runs once.
 - Every relative link of ``README.md``, ``CHANGELOG.md`` and ``docs/**/*.md`` points at a file
   a clone has (tracked by git), or, from a docs page, at a page the site generates.
 - The generated references (``docs/hooks/reference.py``) name every config field and every CLI
@@ -19,6 +22,7 @@ the code.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -26,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -150,8 +155,96 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def run_page(page: Path, work: Path) -> None:
-    """Run the page's blocks in order in ``work`` (see the module docstring)."""
+#: the python-block runner: imports torch and the packages once, then forks a child per
+#: block that runs it as ``__main__`` in a fresh namespace (a block is a script, as a user
+#: runs it; only the import time is shared). One JSON request per line on stdin, one answer.
+_RUNNER = r"""
+import json, os, runpy, signal, sys, time, traceback
+import numpy, torch, torch_geometric  # noqa: F401
+import quiver.datasets, quiver.pyg, quiver.serving.server, quiver.serving.client  # noqa: F401
+import maestro.config, maestro.data, maestro.estimate  # noqa: F401
+print("ready", flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        out = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        sys.argv = [req["script"]]
+        sys.path[0] = req["cwd"]
+        code = 0
+        try:
+            runpy.run_path(req["script"], run_name="__main__")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    deadline = time.monotonic() + req["timeout"]
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            rc = os.waitstatus_to_exitcode(status)
+            break
+        if time.monotonic() > deadline:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            rc = "timeout"
+            break
+        time.sleep(0.05)
+    print(json.dumps({"rc": rc}), flush=True)
+"""
+
+
+class PythonRunner:
+    """Runs python blocks in forked children of one interpreter with the imports done."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _RUNNER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            cwd=ROOT,
+        )
+        assert self.proc.stdout.readline().strip() == "ready", "python-block runner failed"
+
+    def run(self, script: Path, cwd: Path, env: dict, log: Path, timeout: float):
+        req = dict(script=str(script), cwd=str(cwd), env=env, log=str(log), timeout=timeout)
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())["rc"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+def _restore(snapshot: Path, work: Path) -> None:
+    for p in work.iterdir():
+        shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    shutil.copytree(snapshot, work, dirs_exist_ok=True, symlinks=True)
+
+
+def run_page(page: Path, work: Path, runner=None, memo: dict | None = None) -> None:
+    """Run the page's blocks in order in ``work`` (see the module docstring).
+
+    ``memo`` maps the blocks run so far (their text, from a page's start) to a snapshot of the
+    directory after them: a page that starts with the same blocks as an earlier one (the
+    guides' shared "prepare a dataset, train a model") starts from that snapshot instead of
+    running them again. Blocks that name a port, and everything after a background block,
+    are not memoised.
+    """
     shutil.copytree(
         ROOT / "examples",
         work / "examples",
@@ -166,59 +259,79 @@ def run_page(page: Path, work: Path) -> None:
     def ported(text: str) -> str:
         return _PORT.sub(lambda m: ports.get(m.group(1), m.group(1)), text)
 
-    env, background = _env(), []
+    env, background, key = _env(), [], ()
     try:
         for n, b in enumerate(todo):
-            if b.directive == "file":
-                target = work / b.arg
-                shipped = ROOT / b.arg
-                if shipped.is_file():
-                    assert b.code == shipped.read_text(), (
-                        f"{b.where}: the block differs from the shipped {b.arg}"
-                    )
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(b.code)
+            key += ((b.lang, b.directive, b.arg, b.code),)
+            cacheable = memo is not None and not background and not _PORT.search(b.code + b.arg)
+            if cacheable and key in memo:
+                _restore(memo[key], work)
                 continue
-            code = ported(b.code)
-            if b.lang == "python":
-                script = work / f"_doc_block_{n}.py"
-                script.write_text(code)
-                argv = [sys.executable, str(script)]
-            else:
-                argv = ["bash", "-euo", "pipefail", "-c", code]
-            if b.directive == "background":
-                log = work / f"_doc_background_{n}.log"
-                with open(log, "w") as out:
-                    proc = subprocess.Popen(
-                        argv,
-                        cwd=work,
-                        env=env,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                background.append(proc)
-                _wait_for(ported(b.arg).split(), proc, log, b.where)
-                continue
-            try:
-                res = subprocess.run(
-                    argv,
-                    cwd=work,
-                    env=env,
-                    capture_output=True,
-                    text=True,
-                    timeout=BLOCK_TIMEOUT,
-                    start_new_session=True,
-                )
-            except subprocess.TimeoutExpired as e:
-                pytest.fail(f"{b.where}: ran past {BLOCK_TIMEOUT} s\n{e.stdout}\n{e.stderr}")
-            assert res.returncode == 0, (
-                f"{b.where}: exit code {res.returncode}\n{code}\n--- stdout\n"
-                f"{res.stdout[-4000:]}\n--- stderr\n{res.stderr[-4000:]}"
-            )
+            _run_block(n, b, work, env, ported, background, runner)
+            if cacheable and b.directive != "background":
+                snapshot = Path(tempfile.mkdtemp(prefix="docs-memo-"))
+                shutil.copytree(work, snapshot, dirs_exist_ok=True, symlinks=True)
+                memo[key] = snapshot
     finally:
         for proc in background:
             _stop(proc)
+
+
+def _run_block(n: int, b: Block, work: Path, env: dict, ported, background: list, runner):
+    """Run one block in ``work``; a background one is started and appended to ``background``."""
+    times = os.environ.get("DOCS_TEST_TIMES")
+    if b.directive == "file":
+        shipped = ROOT / b.arg
+        if shipped.is_file():
+            assert b.code == shipped.read_text(), f"{b.where}: differs from the shipped {b.arg}"
+        (work / b.arg).parent.mkdir(parents=True, exist_ok=True)
+        (work / b.arg).write_text(b.code)
+        return
+    code = ported(b.code)
+    t0 = time.perf_counter()
+    if b.directive == "background":
+        log = work / f"_doc_background_{n}.log"
+        with open(log, "w") as out:
+            proc = subprocess.Popen(
+                ["bash", "-euo", "pipefail", "-c", code],
+                cwd=work,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        background.append(proc)
+        _wait_for(ported(b.arg).split(), proc, log, b.where)
+        if times:
+            print(f"{b.where}: up in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        return
+    if b.lang == "python" and runner is not None:
+        script, log = work / f"_doc_block_{n}.py", work / f"_doc_block_{n}.log"
+        script.write_text(code)
+        rc = runner.run(script, work, env, log, BLOCK_TIMEOUT)
+        out = _tail(log)
+    else:
+        if b.lang == "python":
+            (work / f"_doc_block_{n}.py").write_text(code)
+            argv = [sys.executable, str(work / f"_doc_block_{n}.py")]
+        else:
+            argv = ["bash", "-euo", "pipefail", "-c", code]
+        try:
+            res = subprocess.run(
+                argv,
+                cwd=work,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=BLOCK_TIMEOUT,
+                start_new_session=True,
+            )
+            rc, out = res.returncode, f"{res.stdout[-4000:]}\n--- stderr\n{res.stderr[-4000:]}"
+        except subprocess.TimeoutExpired as e:
+            rc, out = "timeout", f"{e.stdout}\n{e.stderr}"
+    if times:
+        print(f"{b.where}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    assert rc == 0, f"{b.where}: exit code {rc}\n{code}\n--- output\n{out}"
 
 
 def _runnable_pages() -> list:
@@ -230,12 +343,27 @@ def _runnable_pages() -> list:
     return out
 
 
+@pytest.fixture(scope="module")
+def python_runner():
+    runner = PythonRunner()
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="module")
+def memo():
+    snapshots: dict = {}
+    yield snapshots
+    for path in snapshots.values():
+        shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("page", _runnable_pages())
-def test_page_code_blocks_run(page, tmp_path):
+def test_page_code_blocks_run(page, tmp_path, python_runner, memo):
     """Every runnable block of the page runs and exits 0, in order."""
-    run_page(page, tmp_path)
+    run_page(page, tmp_path, python_runner, memo)
 
 
 def test_directives_are_well_formed():

@@ -1,4 +1,7 @@
-"""The ``maestro`` command line: one sub-command per module in ``maestro.commands`` (see README.md).
+"""The ``maestro`` command line: one sub-command per module in ``maestro.commands``.
+
+The docs' CLI reference is generated from ``build_parser()`` (``docs/hooks/reference.py``), so
+help strings are the reference: every option needs one.
 
 Each command module defines ``register(subparsers)``, which adds its parser and sets ``func``;
 modules import heavy dependencies inside their functions so ``--help`` stays fast.

@@ -2,8 +2,8 @@
 
 The public API keeps torch-quiver's names (``quiver.CSRTopo``, ``quiver.pyg.GraphSageSampler``,
 ``quiver.Feature``, ``quiver.utils``, ``quiver.p2pCliqueTopo``, ``quiver.init_p2p``,
-``quiver.generate_neighbour_num``, ``quiver.HybridSampler``) so its users can switch; README's
-"Coming from torch-quiver" maps each one. Submodules and names are imported on first use, so
+``quiver.generate_neighbour_num``, ``quiver.HybridSampler``) so its users can switch;
+``docs/quiver/torch-quiver.md`` maps each one. Submodules and names are imported on first use, so
 ``import quiver`` stays cheap.
 """
 

@@ -1,4 +1,7 @@
-"""The ``quiver`` command line: one sub-command per module in ``quiver.commands`` (see README.md).
+"""The ``quiver`` command line: one sub-command per module in ``quiver.commands``.
+
+The docs' CLI reference is generated from ``build_parser()`` (``docs/hooks/reference.py``), so
+help strings are the reference: every option needs one.
 
 Each command module defines ``register(subparsers)``, which adds its parser and sets ``func``;
 modules import heavy dependencies inside their functions so ``--help`` stays fast.
@@ -34,7 +37,7 @@ class _Parser(argparse.ArgumentParser):
     reports a mistake in one line, without the usage dump.
 
     argparse takes a word that starts with ``-`` for an option unless it is one negative
-    number, so ``--fanouts -1,-1`` (all neighbours, as README.md writes it) failed with
+    number, so ``--fanouts -1,-1`` (all neighbours, as the docs write it) failed with
     "expected one argument". A comma list of integers that follows an option taking one value
     is attached to it. Sub-command parsers are of this class too (``add_subparsers`` makes
     them so), and each attaches the values of its own options.

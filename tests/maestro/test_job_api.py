@@ -274,7 +274,8 @@ def test_dropout_rule_reproducible_per_layout_and_said(tmp_path, capfd):
 
 @pytest.mark.dist
 def test_quickstart_example_trains(tmp_path):
-    """The README's example, copied elsewhere, trains from its own data file."""
+    """The quick start's example (docs/maestro/train-your-own.md), copied elsewhere, trains
+    from its own data file."""
     import shutil
     import subprocess
     import sys
