@@ -213,3 +213,15 @@ def test_hf_mllm_mixed_layout_equals_plain_loop_float64(tmp_path, mllm_data):
     assert kinds == {True, False}
     res = launch(cfg, 3, RunOptions(save_dir=str(tmp_path), progress=False), timeout_s=240)
     check(cfg, res, tmp_path, plain_mllm_loop, 1e-10)
+
+
+def test_hf_kd_pipelined_equals_plain_loop_float64(tmp_path, kd_data):
+    """teacher pp=2 (frozen, forward only over its 2 decoder layers), student pp=2 (1F1B over
+    Hugging Face Llama layers, its padding mask and rotary tables made on both stages), 4
+    ranks."""
+    text = KD.format(dtype="float64", examples=EXAMPLES, data=kd_data, student_dp="1\npp = 2")
+    text = text.replace("student_layers = 1", "student_layers = 2")
+    text = text.replace("frozen = true", "frozen = true\npp = 2")
+    cfg = C.loads(text)
+    res = launch(cfg, 4, RunOptions(save_dir=str(tmp_path), progress=False), timeout_s=240)
+    check(cfg, res, tmp_path, plain_kd_loop, 1e-10)
