@@ -95,6 +95,11 @@ DEGREE_NORMALISED = (
     "MixHopConv",
 )
 
+#: ``torch_geometric.nn.aggr`` aggregations that read a target's neighbours as a sequence,
+#: zero-padded to the longest one in the graph the layer sees (``to_dense_batch``), and keep the
+#: last step: their answer depends on the neighbours' order and on that padded length
+SEQUENCE_AGGREGATIONS = ("LSTMAggregation", "GRUAggregation")
+
 _COUNT_KWARGS = ("num_sampled_nodes_per_hop", "num_sampled_edges_per_hop")
 
 
@@ -129,6 +134,10 @@ def _needs_degrees(module: nn.Module) -> bool:
         if type(m).__name__ in DEGREE_NORMALISED and getattr(m, "normalize", True):
             return True
     return False
+
+
+def _has_sequence_aggregation(module: nn.Module) -> bool:
+    return any(type(m).__name__ in SEQUENCE_AGGREGATIONS for m in module.modules())
 
 
 def _convention_of(module: nn.Module) -> str:
@@ -173,6 +182,17 @@ class ServedModel(nn.Module):
     Attributes:
         frontier: the sampler must expand only each hop's new nodes (``edge_index``).
         num_layers: the number of top-level message-passing layers (0 when unknown).
+        sequence_aggregation: the module has an LSTM or GRU aggregation
+            (:data:`SEQUENCE_AGGREGATIONS`) and takes ``edge_index``: it reads each target's
+            neighbours as a sequence padded to the longest in the subgraph, so the same node's
+            answer would depend on which nodes share its batch.
+        pad_neighbours: for such a module, the sequence length every batch is padded to (0:
+            none). The server sets it to the longest neighbour list a sample can hold (the
+            graph's largest in-degree, capped by the largest fanout), so a node's answer does
+            not depend on its batch, and with all-neighbour fanouts equals the module's on the
+            full graph (where PyG pads to the largest in-degree too). It is done with one
+            phantom node after the sampled ones, with that many in-edges from itself (its row
+            feeds no other node); the per-hop counts are then not passed.
     """
 
     def __init__(
@@ -203,6 +223,8 @@ class ServedModel(nn.Module):
         self.pass_counts = (
             _accepts_counts(module) if pass_counts is None else bool(pass_counts)
         ) and self.frontier
+        self.sequence_aggregation = self.frontier and _has_sequence_aggregation(module)
+        self.pad_neighbours = 0
         self._layers = message_passing_layers(module)
         self.num_layers = len(self._layers) if num_layers is None else int(num_layers)
         self._embed = getattr(module, "embed", None)
@@ -245,6 +267,14 @@ class ServedModel(nn.Module):
             if hops
             else torch.empty(2, 0, dtype=torch.long, device=x.device)
         )
+        if self.pad_neighbours:
+            # a phantom node after the sampled ones with pad_neighbours in-edges from itself:
+            # every sequence aggregation pads to that length, whatever the batch; its edges come
+            # last and its id is the largest, so the edges stay sorted by target
+            p = x.shape[0]
+            x = torch.cat([x, x.new_zeros(1, x.shape[1])])
+            loop = torch.full((2, self.pad_neighbours), p, dtype=torch.long, device=x.device)
+            return (x, torch.cat([edge_index, loop], dim=1)), {}, batch_size
         kwargs = {}
         if self.pass_counts:
             totals = [batch_size] + [int(h[2][0]) for h in hops]

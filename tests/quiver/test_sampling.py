@@ -320,7 +320,8 @@ def test_uva_without_cuda_is_a_clear_error(graph):
 
 
 def _reference_fill(indices, starts, degs, k, key):
-    """Row by row in plain Python: Floyd's positions from stream ``(key, i)``, then the ids."""
+    """Row by row in plain Python: Floyd's positions from stream ``(key, i)``, sorted, then the
+    ids."""
     from quiver.sampling import _cpu_kernel as K
 
     cols, eids = [], []
@@ -337,6 +338,7 @@ def _reference_fill(indices, starts, degs, k, key):
                 state, r = K._below(state, j + 1)
                 state = np.uint64(state)
                 pos.append(j if r in pos else int(r))
+            pos.sort()  # canonical: the row's (CSR) order
         cols += [int(indices[start + p]) for p in pos]
         eids += [start + p for p in pos]
     return cols, eids
@@ -361,3 +363,22 @@ def test_two_pass_row_fill_equals_row_by_row_floyd(k):
         K.fill_range(indices, empty, False, starts, degs, k, key, offs, cols, eids, lo, hi)
     want_cols, want_eids = _reference_fill(indices, starts, degs, k, key)
     assert cols.tolist() == want_cols and eids.tolist() == want_eids
+
+
+@pytest.mark.parametrize("kind", KERNELS)
+@pytest.mark.parametrize("frontier", [False, True])
+def test_sampled_neighbours_come_in_csr_order(graph, kind, frontier):
+    """A target's sampled neighbours reach the model in its row's (CSR) order, however the
+    draws fell, so an order-sensitive aggregator (LSTM) sees one canonical sequence."""
+    _, topo = graph
+    bare = CSRTopo.from_csr(topo.indptr, topo.indices)  # e_id = CSR positions
+    sampler = make_sampler(kind, bare, [8, 4], seed=1, frontier=frontier)
+    out = sampler.sample_subgraph(torch.tensor([0, 1, 2, 3, 50, 120]))  # hubs: rows > 8
+    drawn = 0
+    for _src, dst, e_id in out.hops:
+        assert bool((dst[1:] >= dst[:-1]).all())  # grouped by target
+        same = dst[1:] == dst[:-1]
+        assert bool((e_id[1:][same] > e_id[:-1][same]).all()), "not in CSR order"
+        targets, counts = torch.unique_consecutive(dst, return_counts=True)
+        drawn += int((bare.degree[out.n_id[targets]] > counts).sum())
+    assert drawn > 0  # some rows were drawn from, not taken whole

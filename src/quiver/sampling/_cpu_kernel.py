@@ -58,6 +58,9 @@ def _row_positions(deg, k, key, i, pos, o):
 
     Floyd's algorithm picks ``k`` distinct positions of the row in ``k`` draws; the
     membership scan is over at most ``k`` entries, cheap for GNN fanouts. Reads no graph data.
+    The positions are then sorted, so a target's sampled neighbours always come in its row's
+    (CSR) order, as a row taken whole does: an order-sensitive aggregator (LSTM) sees one
+    canonical sequence per sampled set, whatever the draw order.
     """
     if k < 0 or deg <= k:
         for j in range(deg):
@@ -72,6 +75,13 @@ def _row_positions(deg, k, key, i, pos, o):
                 r = j
                 break
         pos[o + m] = r
+    for a in range(1, k):  # insertion sort: k is a fanout, a few dozen at most
+        v = pos[o + a]
+        b = a - 1
+        while b >= 0 and pos[o + b] > v:
+            pos[o + b + 1] = pos[o + b]
+            b -= 1
+        pos[o + b + 1] = v
 
 
 @numba.njit(inline="always", **_JIT)

@@ -3,8 +3,9 @@
 Each hop is a fixed number of whole-tensor operations: row lengths, one gather for rows that
 are taken whole, and Floyd's algorithm run for all over-full rows at once (``k`` rounds, each
 comparing a draw against the at most ``k`` positions picked so far), which samples ``k``
-distinct positions uniformly without touching the rest of a long row. Dedup and relabel use a
-node-indexed marker tensor instead of sorting.
+distinct positions uniformly without touching the rest of a long row, then sorts them (a row's
+neighbours come in CSR order, whatever the draws). Dedup and relabel use a node-indexed marker
+tensor instead of sorting.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def sample_hop(
                 r = r % (j + 1)
                 clash = (picked[:, :m] == r).any(dim=1, keepdim=True)
                 picked[:, m : m + 1] = torch.where(clash, j, r)
+            # sorted: a row's neighbours in CSR order, as the CPU kernel gives them
+            picked = picked.sort(dim=1).values
             slots = (ends[big] - k).unsqueeze(1) + torch.arange(k, device=dev)  # [B, k]
             pos[slots.flatten()] = picked.flatten()
     csr_pos = start[row_of_slot] + pos

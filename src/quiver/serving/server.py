@@ -162,6 +162,13 @@ class Server:
             )
         # extra hops (degree-normalised models, see quiver.usermodel) sample at the outer fanout
         sizes = fanouts + fanouts[-1:] * minfo["extra_hops"]
+        pad_info = ""
+        if getattr(net, "sequence_aggregation", False):
+            # an LSTM/GRU aggregation pads every neighbour list to the longest in its subgraph:
+            # one fixed length for every batch (see quiver.usermodel.ServedModel.pad_neighbours)
+            most = int(ds.topo.degree.max()) if ds.num_nodes else 0
+            net.pad_neighbours = max(most if k < 0 else min(k, most) for k in sizes)
+            pad_info = f", neighbour sequences padded to {net.pad_neighbours}"
         frontier = minfo["frontier"]
         cfg = cfg or ServeConfig()
         if cfg.num_lanes > 0 and sampler_threads is None:
@@ -274,7 +281,7 @@ class Server:
         extra = f" (+{minfo['extra_hops']} degree hop)" if minfo["extra_hops"] else ""
         info = (
             f"{name}: {ds.num_nodes:,} nodes, {ds.topo.edge_count:,} edges; "
-            f"{minfo['kind']}, input {minfo['convention']}, fanouts {fanouts}{extra}; "
+            f"{minfo['kind']}, input {minfo['convention']}, fanouts {fanouts}{extra}{pad_info}; "
             f"{path_info}; model on {device}; {precision_info}{fold_info}{peer_info}"
         )
         server = cls(engine, info)
