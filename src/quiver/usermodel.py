@@ -3,7 +3,7 @@
 The engine calls ``model(x, adjs)`` for logits and ``model.forward_all(x, adjs)`` for
 ``(embedding, logits)``, with ``adjs`` as the sampler returns them (outermost hop first, see
 ``quiver.sampling.Adj``). :class:`ServedModel` gives any ``torch.nn.Module`` that interface, for
-both PyG conventions:
+three input conventions:
 
 * ``"edge_index"``: ``forward(x, edge_index)`` on the sampled subgraph, as PyG's
   ``NeighborLoader`` feeds it: nodes ordered by hop (seeds first), edges ordered by hop (the
@@ -12,6 +12,13 @@ both PyG conventions:
   ``num_sampled_nodes_per_hop`` and ``num_sampled_edges_per_hop`` they are passed, so PyG's
   ``trim_to_layer`` (``torch_geometric.nn.models.basic_gnn``) drops at layer ``i`` the ``i``
   outermost hops, which no later layer needs.
+* ``"subgraph"``: ``forward(x, edge_index)`` on one plain subgraph: the same sample, nodes and
+  edges as ``"edge_index"`` (every node within the model's reach, relabelled, seeds first), but
+  no per-hop counts, so every layer runs on the whole subgraph and the seeds' rows are taken
+  from the output. For models whose layers must all see the same nodes: PyG's
+  ``BasicGNN(jk='cat')`` (``GraphSAGE``, ``GCN``, ...) accepts the counts, but trimmed layers
+  give its jumping-knowledge concatenation outputs of different lengths. Chosen by default
+  for a module that accepts the counts and has a ``JumpingKnowledge`` submodule.
 * ``"adjs"``: torch-quiver's and PyG's legacy ``forward(x, adjs)``, fed unchanged.
 
 Degree-normalised layers (``GCNConv`` and its kin) weigh the edge ``u -> v`` by
@@ -76,7 +83,7 @@ __all__ = [
     "save_model",
 ]
 
-CONVENTIONS = ("edge_index", "adjs")
+CONVENTIONS = ("edge_index", "subgraph", "adjs")
 
 #: ``torch_geometric.nn`` layers that normalise by degrees counted in the graph they see
 #: (``gcn_norm``); with ``normalize=False`` (where the layer has the flag) they do not.
@@ -141,13 +148,19 @@ def _has_sequence_aggregation(module: nn.Module) -> bool:
 
 
 def _convention_of(module: nn.Module) -> str:
-    """``"adjs"`` when ``forward``'s second parameter is named like a list of hops."""
+    """``"adjs"`` when ``forward``'s second parameter is named like a list of hops;
+    ``"subgraph"`` when it takes the per-hop counts but has a ``JumpingKnowledge`` (whose
+    layers' outputs must cover the same nodes); else ``"edge_index"``."""
     try:
         params = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
         return "edge_index"
     if len(params) >= 2 and params[1].name in ("adjs", "adj", "blocks", "adjs_t"):
         return "adjs"
+    if _accepts_counts(module) and any(
+        type(m).__name__ == "JumpingKnowledge" for m in module.modules()
+    ):
+        return "subgraph"
     return "edge_index"
 
 
@@ -164,11 +177,15 @@ class ServedModel(nn.Module):
 
     Args:
         module: the user's ``nn.Module`` (or a ``torch.export`` program's ``.module()``).
-        convention: ``"edge_index"`` (``forward(x, edge_index)``) or ``"adjs"``
-            (``forward(x, adjs)``); default: ``"adjs"`` when ``forward``'s second parameter is
-            called ``adjs``, else ``"edge_index"``.
-        extra_hops: hops sampled beyond the model's layers (``edge_index`` only); default 1 for
-            models with a degree-normalised layer (see the module docstring), else 0.
+        convention: ``"edge_index"`` (``forward(x, edge_index)`` on the hop-ordered sample,
+            with the per-hop counts when it takes them), ``"subgraph"`` (``forward(x,
+            edge_index)`` on one plain subgraph, no counts) or ``"adjs"`` (``forward(x,
+            adjs)``); default: ``"adjs"`` when ``forward``'s second parameter is called
+            ``adjs``, ``"subgraph"`` for a module that takes the counts and has a
+            ``JumpingKnowledge``, else ``"edge_index"``.
+        extra_hops: hops sampled beyond the model's layers (``edge_index``/``subgraph``
+            only); default 1 for models with a degree-normalised layer (see the module
+            docstring), else 0.
         pass_counts: pass ``num_sampled_nodes_per_hop``/``num_sampled_edges_per_hop`` (default:
             when ``forward`` accepts both; ``edge_index`` only).
         embeddable: whether embeddings can be served (default: the model has ``embed`` or a
@@ -180,7 +197,8 @@ class ServedModel(nn.Module):
         source: a short description for messages (e.g. the factory spec).
 
     Attributes:
-        frontier: the sampler must expand only each hop's new nodes (``edge_index``).
+        frontier: the sampler must expand only each hop's new nodes (``edge_index``,
+            ``subgraph``).
         num_layers: the number of top-level message-passing layers (0 when unknown).
         sequence_aggregation: the module has an LSTM or GRU aggregation
             (:data:`SEQUENCE_AGGREGATIONS`) and takes ``edge_index``: it reads each target's
@@ -214,15 +232,15 @@ class ServedModel(nn.Module):
         self.module = module
         self.convention = convention
         self.source = source or type(module).__name__
-        self.frontier = convention == "edge_index"
+        self.frontier = convention in ("edge_index", "subgraph")
         if extra_hops is None:
             extra_hops = 1 if (self.frontier and _needs_degrees(module)) else 0
         if extra_hops and not self.frontier:
-            raise ValueError("extra hops need the edge_index convention")
+            raise ValueError("extra hops need the edge_index or subgraph convention")
         self.extra_hops = int(extra_hops)
         self.pass_counts = (
             _accepts_counts(module) if pass_counts is None else bool(pass_counts)
-        ) and self.frontier
+        ) and convention == "edge_index"
         self.sequence_aggregation = self.frontier and _has_sequence_aggregation(module)
         self.pad_neighbours = 0
         self._layers = message_passing_layers(module)
@@ -602,8 +620,9 @@ def load_served_model(
             checkpoint records this same factory; the current directory is importable).
         trust_pickle: allow unpickling arbitrary objects, and calling a factory that a
             checkpoint names outside Quiver without ``model`` (both run code the file chose).
-        convention: ``"edge_index"`` or ``"adjs"`` (default: from ``forward``'s signature;
-            ``torch.export`` archives are ``edge_index``).
+        convention: ``"edge_index"``, ``"subgraph"`` or ``"adjs"`` (default: from
+            ``forward``'s signature, see :class:`ServedModel`; ``torch.export`` archives are
+            ``edge_index``).
         map_location: ``torch.load``'s.
 
     Returns:
@@ -639,7 +658,7 @@ def load_served_model(
         served = ServedModel(
             program.module(),
             convention,
-            extra_hops=1 if (degrees and convention == "edge_index") else 0,
+            extra_hops=1 if (degrees and convention != "adjs") else 0,
             pass_counts=False,
             embeddable=False,
             num_layers=num_layers,

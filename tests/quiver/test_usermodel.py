@@ -352,3 +352,56 @@ def test_python_api_module_without_forward_all_serves_embeddings(world):
         res = engine.predict([3, 4], "embedding")
         assert res.values.shape == (2, 16)
         assert engine.predict([3, 4], "class").values.shape == (2,)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The shipped ``tiny`` preset (``quiver prepare --dataset tiny``) and its full graph."""
+    from quiver.datasets import synthetic
+
+    d = tmp_path_factory.mktemp("tiny") / "data"
+    ds = synthetic("tiny", seed=0, out=d)
+    topo = ds.topo
+    dst = torch.repeat_interleave(torch.arange(topo.node_count), topo.degree)
+    full_ei = torch.stack([topo.indices, dst])  # rows are in-neighbours: source -> row
+    return d, torch.as_tensor(np.asarray(ds.features)).float(), full_ei
+
+
+@pytest.mark.parametrize("convention", [None, "subgraph"])
+def test_jumping_knowledge_model_is_served_on_one_plain_subgraph(tiny, tmp_path, convention):
+    """``GraphSAGE(jk='cat')`` concatenates every layer's output, so every layer must see the
+    same nodes: with ``subgraph`` (chosen by default for it) it gets one relabelled ``(x,
+    edge_index)`` of the whole sample and no per-hop counts, and with all-neighbour fanouts
+    its seeds' answers are its full-graph forward's (the per-hop counts trimmed the layers
+    and the concatenation failed at start-up)."""
+    from torch_geometric.nn import GraphSAGE
+
+    from quiver.usermodel import save_model
+
+    data, x, full_ei = tiny
+    kwargs = dict(in_channels=x.shape[1], hidden_channels=16, out_channels=4, num_layers=2)
+    torch.manual_seed(0)
+    model = GraphSAGE(**kwargs, jk="cat").eval()
+    ckpt = tmp_path / "jk.pt"
+    save_model(ckpt, model, "torch_geometric.nn:GraphSAGE", {**kwargs, "jk": "cat"}, [-1, -1])
+    n = x.shape[0]
+    cfg = ServeConfig(max_batch_nodes=n, max_request_nodes=n)
+    with Server.from_dataset(
+        data, ckpt, cfg, model="torch_geometric.nn:GraphSAGE", convention=convention
+    ) as server:
+        assert "input subgraph" in server.info
+        nodes = [5, 0, 77, n - 1, 12]
+        got = np.stack([server.predict([v], output="logits").values[0] for v in nodes])
+        got_all = server.predict(list(range(n)), output="logits").values
+    with torch.no_grad():
+        want = model(x, full_ei).numpy()
+    np.testing.assert_allclose(got, want[nodes], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got_all, want, rtol=0, atol=1e-5)
+    assert (got_all.argmax(1) == want.argmax(1)).all() and np.abs(want).max() > 0.1
+
+
+def test_model_input_subgraph_is_a_serve_option():
+    from quiver.cli import build_parser
+
+    argv = ["serve", "data", "--checkpoint", "m.pt", "--model-input", "subgraph"]
+    assert build_parser().parse_args(argv).model_input == "subgraph"

@@ -132,10 +132,13 @@ def add_serve_options(p) -> None:
     )
     p.add_argument(
         "--model-input",
-        choices=["edge_index", "adjs"],
+        choices=["edge_index", "subgraph", "adjs"],
         default=None,
-        help="the model's forward: (x, edge_index) on the sampled subgraph, or torch-quiver's "
-        "(x, adjs) (default: from forward's signature)",
+        help="the model's forward: (x, edge_index) on the sampled subgraph with PyG's per-hop "
+        "counts when it takes them (edge_index); (x, edge_index) on one plain subgraph, every "
+        "layer on all sampled nodes, e.g. GraphSAGE(jk='cat') (subgraph); or torch-quiver's "
+        "(x, adjs) (default: from forward's signature; subgraph for a model that takes the "
+        "counts and has a JumpingKnowledge)",
     )
     p.add_argument(
         "--trust-pickle",

@@ -86,7 +86,8 @@ class Server:
             model: ``package.module:function`` that builds the module a ``state_dict``
                 checkpoint is for (called without arguments).
             trust_pickle: allow a checkpoint that unpickles arbitrary objects.
-            convention: the model's input, ``"edge_index"`` or ``"adjs"`` (default: from its
+            convention: the model's input, ``"edge_index"``, ``"subgraph"`` or ``"adjs"``
+                (see ``quiver.usermodel.ServedModel``; default: from its
                 ``forward`` signature).
             precision: ``"fp32"`` (default: as trained), ``"bf16"`` (feature rows gathered in
                 bf16, converted at load unless stored so, and the model's weights in bf16), or
