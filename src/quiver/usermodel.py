@@ -75,9 +75,11 @@ from torch import Tensor, nn
 __all__ = [
     "CONVENTIONS",
     "DEGREE_NORMALISED",
+    "K_HOP_LAYERS",
     "ServedModel",
     "export_layers",
     "import_factory",
+    "layer_hops",
     "load_served_model",
     "message_passing_layers",
     "save_model",
@@ -101,6 +103,10 @@ DEGREE_NORMALISED = (
     "FAConv",
     "MixHopConv",
 )
+
+#: ``torch_geometric.nn`` layers that propagate ``K`` hops in one module (``S^K x``, a sum of
+#: ``S^k x``, or ``K`` personalised-PageRank steps): each needs ``K`` fanouts, not one
+K_HOP_LAYERS = ("SGConv", "SSGConv", "TAGConv", "APPNP")
 
 #: ``torch_geometric.nn.aggr`` aggregations that read a target's neighbours as a sequence,
 #: zero-padded to the longest one in the graph the layer sees (``to_dense_batch``), and keep the
@@ -134,6 +140,18 @@ def message_passing_layers(module: nn.Module) -> list[nn.Module]:
         return [module]
     walk(module)
     return found
+
+
+def layer_hops(layer: nn.Module) -> int:
+    """The hops one message-passing layer propagates: its ``K`` for :data:`K_HOP_LAYERS`, else 1."""
+    if type(layer).__name__ in K_HOP_LAYERS:
+        return max(int(getattr(layer, "K", 1)), 0)
+    return 1
+
+
+def _hop_detail(layers: list[nn.Module]) -> str:
+    """``"SGConv K=2"``-style names of the layers propagating other than one hop."""
+    return ", ".join(f"{type(m).__name__} K={layer_hops(m)}" for m in layers if layer_hops(m) != 1)
 
 
 def _needs_degrees(module: nn.Module) -> bool:
@@ -191,15 +209,17 @@ class ServedModel(nn.Module):
         embeddable: whether embeddings can be served (default: the model has ``embed`` or a
             ``MessagePassing`` layer); when False, :attr:`has_embedding` is False and the
             engine refuses ``output: "embedding"`` with a 422.
-        num_layers: the message-passing layers ``module`` runs, when its submodules do not
-            show them (a ``torch.export`` program's, see :func:`export_layers`); default: its
-            top-level ``MessagePassing`` modules.
+        num_layers: the hops ``module`` propagates, when its submodules do not show them (a
+            ``torch.export`` program's, see :func:`export_layers`); default: its top-level
+            ``MessagePassing`` modules, a :data:`K_HOP_LAYERS` one counting its ``K``.
         source: a short description for messages (e.g. the factory spec).
 
     Attributes:
         frontier: the sampler must expand only each hop's new nodes (``edge_index``,
             ``subgraph``).
-        num_layers: the number of top-level message-passing layers (0 when unknown).
+        num_layers: the hops the model propagates, one fanout each (0 when unknown): one per
+            top-level message-passing layer, ``K`` for ``SGConv``/``TAGConv``/``APPNP``.
+        hop_detail: the layers counted other than one hop (``"SGConv K=2"``), for messages.
         sequence_aggregation: the module has an LSTM or GRU aggregation
             (:data:`SEQUENCE_AGGREGATIONS`) and takes ``edge_index``: it reads each target's
             neighbours as a sequence padded to the longest in the subgraph, so the same node's
@@ -244,7 +264,11 @@ class ServedModel(nn.Module):
         self.sequence_aggregation = self.frontier and _has_sequence_aggregation(module)
         self.pad_neighbours = 0
         self._layers = message_passing_layers(module)
-        self.num_layers = len(self._layers) if num_layers is None else int(num_layers)
+        if num_layers is None:
+            self.num_layers = sum(layer_hops(m) for m in self._layers)
+            self.hop_detail = _hop_detail(self._layers)
+        else:
+            self.num_layers, self.hop_detail = int(num_layers), ""
         self._embed = getattr(module, "embed", None)
         if not callable(self._embed):
             self._embed = None
@@ -735,6 +759,7 @@ def _info(served: ServedModel, kind: str, fanouts) -> dict:
         "frontier": served.frontier,
         "extra_hops": served.extra_hops,
         "num_layers": served.num_layers,
+        "hop_detail": served.hop_detail,
         "convention": served.convention,
     }
 

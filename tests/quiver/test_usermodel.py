@@ -405,3 +405,77 @@ def test_model_input_subgraph_is_a_serve_option():
 
     argv = ["serve", "data", "--checkpoint", "m.pt", "--model-input", "subgraph"]
     assert build_parser().parse_args(argv).model_input == "subgraph"
+
+
+KHOP_FACTORIES = '''
+from torch import nn
+from torch_geometric.nn import APPNP
+
+
+class LinearAPPNP(nn.Module):
+    """A linear map, then K personalised-PageRank propagation steps (one APPNP module)."""
+
+    def __init__(self, d_in, d_out, K):
+        super().__init__()
+        self.lin = nn.Linear(d_in, d_out)
+        self.prop = APPNP(K=K, alpha=0.1)
+
+    def forward(self, x, edge_index):
+        return self.prop(self.lin(x), edge_index)
+'''
+
+K_HOP_MODELS = {
+    "SGConv": ("torch_geometric.nn:SGConv", 2),
+    "TAGConv": ("torch_geometric.nn:TAGConv", 3),
+    "APPNP": ("quiver_khop_factories:LinearAPPNP", 3),
+}
+
+
+def _k_hop_checkpoint(tiny, tmp_path, monkeypatch, name):
+    (tmp_path / "quiver_khop_factories.py").write_text(textwrap.dedent(KHOP_FACTORIES))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from quiver.usermodel import import_factory, save_model
+
+    _, x, _ = tiny
+    spec, k = K_HOP_MODELS[name]
+    if name == "APPNP":
+        kwargs = {"d_in": x.shape[1], "d_out": 4, "K": k}
+    else:
+        kwargs = {"in_channels": x.shape[1], "out_channels": 4, "K": k}
+    torch.manual_seed(0)
+    model = import_factory(spec)(**kwargs).eval()
+    ckpt = tmp_path / f"{name}.pt"
+    save_model(ckpt, model, spec, kwargs)
+    return model, ckpt, spec, k
+
+
+@pytest.mark.parametrize("name", sorted(K_HOP_MODELS))
+def test_k_hop_layer_needs_one_fanout_per_hop_and_is_exact(tiny, tmp_path, monkeypatch, name):
+    """``SGConv(K)``, ``TAGConv(K)`` and ``APPNP(K)`` propagate K hops in one module: served with
+    K all-neighbour fanouts (plus the degree hop their normalisation needs) the seeds' answers
+    are the module's full-graph forward (one fanout per module was accepted and inexact)."""
+    model, ckpt, spec, k = _k_hop_checkpoint(tiny, tmp_path, monkeypatch, name)
+    data, x, full_ei = tiny
+    _, info = load_served_model(ckpt, spec)
+    assert info["num_layers"] == k and info["extra_hops"] == 1
+    n = x.shape[0]
+    cfg = ServeConfig(max_batch_nodes=n, max_request_nodes=n)
+    with Server.from_dataset(data, ckpt, cfg, fanouts=[-1] * k, model=spec) as server:
+        nodes = [5, 0, 77, n - 1, 12]
+        got = np.stack([server.predict([v], output="logits").values[0] for v in nodes])
+        got_all = server.predict(list(range(n)), output="logits").values
+    with torch.no_grad():
+        want = model(x, full_ei).numpy()
+    np.testing.assert_allclose(got, want[nodes], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got_all, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(K_HOP_MODELS))
+def test_k_hop_layer_with_one_fanout_per_module_is_refused(tiny, tmp_path, monkeypatch, name):
+    _, ckpt, spec, k = _k_hop_checkpoint(tiny, tmp_path, monkeypatch, name)
+    for fanouts in ([-1], [-1] * (k + 1)):
+        with pytest.raises(ValueError) as err:
+            Server.from_dataset(tiny[0], ckpt, fanouts=fanouts, model=spec)
+        text = str(err.value)
+        assert "\n" not in text
+        assert f"propagates {k} hops ({name} K={k}" in text and f"give {k} fanouts" in text

@@ -151,6 +151,12 @@ class Server:
                 if minfo["extra_hops"]
                 else ""
             )
+            if minfo.get("hop_detail"):  # a K-hop layer (SGConv, TAGConv, APPNP): K fanouts
+                raise ValueError(
+                    f"{len(fanouts)} fanouts {fanouts} but the model propagates "
+                    f"{minfo['num_layers']} hops ({minfo['hop_detail']} counted as K); give "
+                    f"{minfo['num_layers']} fanouts, one per hop, with --fanouts{extra}"
+                )
             raise ValueError(
                 f"{len(fanouts)} fanouts {fanouts} but the model has {minfo['num_layers']} "
                 f"message-passing layers; give one per layer with --fanouts{extra}"
