@@ -17,7 +17,14 @@ from quiver.feature.cliques import detect_cliques
 from quiver.feature.sizes import parse_bytes
 from quiver.graph import CSRTopo
 
-__all__ = ["CSRTopo", "Topo", "generate_neighbour_num", "init_p2p", "parse_size"]
+__all__ = [
+    "CSRTopo",
+    "Topo",
+    "generate_neighbour_num",
+    "init_p2p",
+    "parse_size",
+    "reindex_feature",
+]
 
 
 def _peer(devices: list[int]):
@@ -139,3 +146,49 @@ def generate_neighbour_num(
     tag = "_".join(str(k) for k in sizes[:2])
     np.save(out / f"{tag}_neighbour_num_{reverse}.npy", np.rint(table.numpy()).astype(np.int32))
     return table
+
+
+def reindex_feature(graph: CSRTopo, feature, ratio: float, shuffle_only: bool = False):
+    """torch-quiver's ``reindex_feature``: rows reordered hottest (highest degree) first.
+
+    Args:
+        graph: the :class:`CSRTopo` whose row lengths (degrees) rank the nodes.
+        feature: ``[N, F]`` rows in node-id order (with ``shuffle_only``: in the order
+            ``graph.feature_order`` already describes).
+        ratio: the leading fraction of rows (those a GPU cache would hold) that is shuffled
+            among itself (``torch.randperm``, the global RNG), spreading hot rows across GPUs.
+        shuffle_only: only shuffle that leading fraction of an already reordered ``feature``
+            (and ``graph.feature_order`` with it); no degree sort.
+
+    Returns:
+        ``(reordered, feature_order)``: ``reordered[feature_order[v]]`` is node ``v``'s row,
+        torch-quiver's ``CSRTopo.feature_order``.
+    """
+    if not isinstance(graph, CSRTopo):
+        raise ValueError(f"reindex_feature expects a CSRTopo, got {type(graph).__name__}")
+    feature = torch.as_tensor(feature)
+    n = graph.node_count
+    if feature.dim() != 2 or feature.shape[0] != n:
+        raise ValueError(f"feature must be [{n}, F] (one row per node), got {list(feature.shape)}")
+    if not 0.0 <= float(ratio) <= 1.0:
+        raise ValueError(f"ratio must be in [0, 1], got {ratio}")
+    hot = int(n * float(ratio))
+    shuffle = torch.randperm(hot)
+    if shuffle_only:
+        order = graph.feature_order
+        if order is None:
+            raise ValueError("shuffle_only needs graph.feature_order (an earlier reindex)")
+        # row r (< hot) takes the row at shuffle[r]: the node there moves to r
+        node_at = torch.argsort(order)
+        node_at[:hot] = node_at[shuffle]
+        new_order = torch.empty(n, dtype=torch.int64)
+        new_order[node_at] = torch.arange(n)
+        feature = feature.clone()
+        feature[:hot] = feature[shuffle]
+        graph.feature_order = new_order
+        return feature, new_order
+    node_at = torch.sort(graph.degree, descending=True, stable=True).indices
+    node_at[:hot] = node_at[shuffle]
+    new_order = torch.empty(n, dtype=torch.int64)
+    new_order[node_at] = torch.arange(n)
+    return feature[node_at], new_order

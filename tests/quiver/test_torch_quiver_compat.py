@@ -130,6 +130,73 @@ def test_preset_feature_order_is_honoured():
     assert torch.equal(feature.hot_order(), prev_order)  # the stored order is the hot order
 
 
+def test_unset_feature_order_is_left_as_a_permutation_by_from_cpu_tensor():
+    """torch-quiver fills an unset ``csr_topo.feature_order`` in ``from_cpu_tensor``; quiver
+    keeps the caller's rows as given (its hot order stays inside the store), so the order it
+    leaves is the identity: row ``feature_order[v]`` of ``x`` is node ``v``, and more stores
+    from the same ``x`` and topology answer alike, still with the FAP hot order."""
+    ei = _directed_edges(seed=4)
+    x = torch.randn(N, 5, generator=torch.Generator().manual_seed(0))
+    topo = quiver.CSRTopo(ei)
+    first = Feature(0, [], 0, csr_topo=topo).from_cpu_tensor(x)
+    order = topo.feature_order
+    assert order is not None and torch.equal(torch.sort(order).values, torch.arange(N))
+    assert torch.equal(x[torch.argsort(order)][order], x)
+    again = Feature(0, [], 0, csr_topo=topo).from_cpu_tensor(x)
+    ids = torch.tensor([0, 5, 39, 5, 12])
+    assert torch.equal(first[ids], x[ids]) and torch.equal(again[ids], x[ids])
+    assert torch.equal(again.hot_order(), first.hot_order())
+
+
+def test_reindex_feature_sorts_by_degree_and_returns_the_feature_order():
+    from quiver.utils import reindex_feature
+
+    ei = _directed_edges(seed=5)
+    x = torch.randn(N, 3, generator=torch.Generator().manual_seed(0))
+    topo = quiver.CSRTopo(ei)
+    degree = topo.indptr[1:] - topo.indptr[:-1]
+    reordered, order = reindex_feature(topo, x, 0.0)
+    assert torch.equal(reordered[order], x)  # row feature_order[v] holds node v
+    node_at = torch.argsort(order)
+    assert (degree[node_at][:-1] >= degree[node_at][1:]).all()  # hottest (highest degree) first
+    # ratio > 0 shuffles the leading rows among themselves only
+    torch.manual_seed(0)
+    shuffled, order2 = reindex_feature(topo, x, 0.5)
+    assert torch.equal(shuffled[order2], x)
+    assert torch.equal(
+        torch.sort(node_at[N // 2 :]).values, torch.sort(torch.argsort(order2)[N // 2 :]).values
+    )
+    # torch-quiver's pattern: set the order on the topology, store the reordered rows
+    topo.feature_order = order2
+    feature = Feature(0, [], 0, csr_topo=topo).from_cpu_tensor(shuffled)
+    ids = torch.tensor([3, 0, 39, 3])
+    assert torch.equal(feature[ids], x[ids])
+    # shuffle_only reshuffles the leading rows of the already reordered tensor
+    again, order3 = reindex_feature(topo, shuffled, 0.5, shuffle_only=True)
+    assert torch.equal(again[order3], x) and torch.equal(topo.feature_order, order3)
+
+
+def test_set_mmap_file_reads_the_rows_not_held_from_the_file(tmp_path):
+    """torch-quiver's disk pattern: the store holds some rows (``from_mmap`` with a
+    ``DeviceConfig``), ``disk_map[v]`` is node ``v``'s row there or -1 for the file."""
+    x = np.random.default_rng(1).standard_normal((N, 4)).astype(np.float32)
+    path = tmp_path / "feat.npy"
+    np.save(path, x)
+    gpu_part, cpu_part = torch.tensor([5, 1, 9]), torch.tensor([0, 2])
+    feature = Feature(0, [], 0)
+    feature.from_mmap(np.load(path, mmap_mode="r"), DeviceConfig([gpu_part], cpu_part))
+    disk_map = torch.full((N,), -1, dtype=torch.int64)
+    held = torch.cat([gpu_part, cpu_part])
+    disk_map[held] = torch.arange(held.numel())
+    feature.set_mmap_file(str(path), disk_map)
+    ids = torch.tensor([5, 7, 0, 39, 9, 7])
+    assert torch.equal(feature[ids], torch.from_numpy(x[ids.numpy()]))
+    clone = pickle.loads(pickle.dumps(feature))
+    assert torch.equal(clone[ids], torch.from_numpy(x[ids.numpy()]))
+    with pytest.raises(ValueError, match="disk_map"):
+        feature.set_mmap_file(str(path), torch.zeros(3, dtype=torch.int64))
+
+
 # ---------------------------------------------------------------------------- devices
 
 

@@ -165,6 +165,7 @@ class Feature:
         self._shape: tuple[int, int] | None = None
         self._dtype: torch.dtype | None = None
         self._counts = np.zeros(0, dtype=np.int64)
+        self._mmap = self._disk_map = None  # set_mmap_file
 
     # ---------------------------------------------------------------------- building
 
@@ -255,8 +256,11 @@ class Feature:
 
         If ``csr_topo.feature_order`` is set (torch-quiver's convention), ``x`` is taken to be
         stored in that order: row ``feature_order[v]`` of ``x`` holds node ``v``, and that
-        order is the hot order unless ``placement``/``order`` was given. (Unlike torch-quiver,
-        an unset ``feature_order`` is not filled in; :meth:`hot_order` reports the order used.)
+        order is the hot order unless ``placement``/``order`` was given (or it is the identity,
+        which says nothing about heat). An unset ``feature_order`` is filled in, as torch-quiver
+        does, with the identity permutation: ``x`` as given is the tensor in that order (the hot
+        order is kept inside the store, see :meth:`hot_order`), so the same ``csr_topo`` can
+        build more stores from the same ``x``.
         """
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"from_cpu_tensor expects a torch.Tensor, got {type(x).__name__}")
@@ -268,9 +272,13 @@ class Feature:
             order = order.cpu()
             if not torch.equal(torch.sort(order).values, torch.arange(n)):
                 raise ValueError(f"csr_topo.feature_order must be a permutation of the {n} rows")
-            x = x[order]  # row v = node v
-            if self._order_arg is None and not self._placement_given:
-                perm = torch.argsort(order)  # the node stored first is the hottest
+            identity = torch.equal(order, torch.arange(n))
+            if not identity:
+                x = x[order]  # row v = node v
+                if self._order_arg is None and not self._placement_given:
+                    perm = torch.argsort(order)  # the node stored first is the hottest
+        elif self.csr_topo is not None:
+            self.csr_topo.feature_order = torch.arange(n)  # torch-quiver leaves a permutation
         if perm is None:
             perm = self._hot_order(n)
         self._id_map = None
@@ -411,6 +419,42 @@ class Feature:
         id_map[lo.numpy()] = np.arange(n)
         self._id_map = id_map
 
+    def set_mmap_file(self, path, disk_map) -> None:
+        """torch-quiver's ``set_mmap_file``: rows not held in memory are read from a ``.npy``
+        file holding every node's row in id order.
+
+        Args:
+            path: the ``.npy`` file (memory-mapped, read on demand).
+            disk_map: ``[N]`` integer tensor over node ids: ``disk_map[v] >= 0`` is the row of
+                this store holding node ``v`` (as :meth:`from_mmap` with a
+                :class:`DeviceConfig` lays them out), negative for a node read from the file.
+        """
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"set_mmap_file: no such file {path}")
+        arr = np.load(path, mmap_mode="r")
+        dm = torch.as_tensor(disk_map).cpu()
+        if dm.dim() != 1 or dm.dtype.is_floating_point or dm.numel() != arr.shape[0]:
+            raise ValueError(
+                f"disk_map must be 1-D integers, one per row of {path.name} ({arr.shape[0]})"
+            )
+        self._mmap, self._mmap_path, self._disk_map = arr, str(path), dm.to(torch.int64)
+
+    def _gather_with_disk(self, n_id) -> torch.Tensor:
+        ids = torch.as_tensor(n_id).cpu().to(torch.int64)
+        n = self._disk_map.numel()
+        if ids.dim() != 1 or (ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n)):
+            raise ValueError(f"ids must be 1-D node ids in [0, {n})")
+        local = self._disk_map[ids]
+        on_disk = local < 0
+        out = torch.empty((ids.numel(), self._mmap.shape[1]), dtype=self.dtype)
+        if bool((~on_disk).any()):
+            out[~on_disk] = self.gather(local[~on_disk]).cpu()
+        if bool(on_disk.any()):
+            rows = np.asarray(self._mmap[ids[on_disk].numpy()])
+            out[on_disk] = torch.from_numpy(rows).to(self.dtype)
+        return out.to(self.device)
+
     # ------------------------------------------------------------------ processes
 
     def __getstate__(self) -> dict:
@@ -420,6 +464,7 @@ class Feature:
         state["_num_threads"] = (self._gather.num_threads, self._disk_gather.num_threads)
         state["_recycle"] = self._buffers is not None
         state["tiers"] = [_tier_spec(t) for t in self.tiers]
+        state["_mmap"] = None  # reopened from _mmap_path
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -431,6 +476,8 @@ class Feature:
         self._disk_gather = RowGather(disk_threads)
         self._buffers = BufferPool() if recycle else None
         self.tiers = [_tier_from_spec(s, self._gather, self._disk_gather) for s in specs]
+        if getattr(self, "_disk_map", None) is not None:
+            self._mmap = np.load(self._mmap_path, mmap_mode="r")
         counts = self._counts
         if self.tiers:
             self._finish(self._perm)
@@ -505,6 +552,8 @@ class Feature:
         Raises:
             ValueError: for non-integer or non-1-D ids, or ids outside ``[0, node_count)``.
         """
+        if getattr(self, "_disk_map", None) is not None:
+            return self._gather_with_disk(n_id)
         return self.gather(n_id)
 
     def gather(self, n_id, out: torch.Tensor | None = None) -> torch.Tensor:
