@@ -12,17 +12,25 @@ from quiver._version import __version__
 __all__ = [
     "__version__",
     "CSRTopo",
+    "DistFeature",
     "Feature",
     "GraphSageSampler",
     "HybridSampler",
+    "PartitionInfo",
     "generate_neighbour_num",
     "init_p2p",
+    "load_quiver_feature_partition",
     "p2pCliqueTopo",
+    "quiver_partition_feature",
 ]
 
 # name -> (module that defines it, its name there); imported on first attribute access
 _LAZY = {
     "CSRTopo": ("quiver.graph", "CSRTopo"),
+    "DistFeature": ("quiver.feature.dist", "DistFeature"),
+    "PartitionInfo": ("quiver.partition", "PartitionInfo"),
+    "load_quiver_feature_partition": ("quiver.partition", "load_quiver_feature_partition"),
+    "quiver_partition_feature": ("quiver.partition", "quiver_partition_feature"),
     "Feature": ("quiver.feature", "Feature"),
     "GraphSageSampler": ("quiver.pyg", "GraphSageSampler"),
     "HybridSampler": ("quiver.hybrid", "HybridSampler"),
@@ -37,6 +45,7 @@ _SUBMODULES = (
     "graph",
     "hybrid",
     "models",
+    "partition",
     "pyg",
     "sampling",
     "serving",

@@ -411,3 +411,74 @@ def test_hybrid_sampler_names_both_designs():
         theirs.stop()
     with pytest.raises(ValueError, match="device_num"):
         HybridSampler(topo, [3], 0, 1, [[], []])
+
+
+# ---------------------------------------------------------------------------- partition API
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _partition_worker(rank, port, result_path, x, out_dir):
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        # torch-quiver's pattern: load this host's partition, build its feature and info
+        book, res, cache = quiver.load_quiver_feature_partition(rank, result_path)
+        local = torch.cat([res, cache]) if cache is not None else res
+        feature = quiver.Feature(0, [], 0).from_cpu_tensor(x[local])
+        info = quiver.PartitionInfo("cpu", rank, 2, book, cache)
+        dist_feature = quiver.DistFeature(feature, info, None)
+        ids = torch.randint(0, x.shape[0], (25,), generator=torch.Generator().manual_seed(rank))
+        torch.save((ids, dist_feature[ids]), os.path.join(out_dir, f"{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.dist
+def test_partition_api_and_dist_feature_with_partition_info(tmp_path):
+    """torch-quiver's multi-host pattern: ``quiver_partition_feature`` by access probability,
+    ``load_quiver_feature_partition`` per host, ``DistFeature(feature, PartitionInfo, comm)``;
+    every host's gather equals ``x[ids]`` (two gloo processes)."""
+    g = torch.Generator().manual_seed(0)
+    n = 300
+    probs = [torch.rand(n, generator=g), torch.rand(n, generator=g)]
+    x = torch.randn(n, 4, generator=g)
+    result = tmp_path / "parts"
+    book, res, cache = quiver.partition.quiver_partition_feature(
+        probs, str(result), cache_memory_budget=16 * 20, per_feature_size=16, chunk_size=32
+    )
+    owned = torch.cat(res)
+    assert torch.equal(torch.sort(owned).values, torch.arange(n))  # each node one owner
+    assert abs(res[0].numel() - res[1].numel()) <= 32
+    for k in range(2):
+        assert torch.equal(book[res[k]], torch.full_like(res[k], k))
+        assert cache[k].numel() == 10 and bool((book[cache[k]] != k).all())
+        # a partition favours the nodes it reads more than the other does
+        assert float((probs[k] - probs[1 - k])[res[k]].mean()) > 0.2
+    loaded = quiver.load_quiver_feature_partition(1, str(result))
+    assert torch.equal(loaded[0], book) and torch.equal(loaded[1], res[1])
+    with pytest.raises(ValueError, match="already exists"):
+        quiver.quiver_partition_feature(probs, str(result))
+    port = _free_port()
+    mp.spawn(_partition_worker, args=(port, str(result), x, str(tmp_path)), nprocs=2)
+    for rank in range(2):
+        ids, rows = torch.load(tmp_path / f"{rank}.pt")
+        assert torch.equal(rows, x[ids])
+
+
+def test_partition_info_dispatch_routes_to_owners_and_replicas():
+    book = torch.tensor([0, 1, 1, 0, 1, 0])
+    info = quiver.PartitionInfo("cpu", 0, 2, book, replicate=torch.tensor([4]))
+    assert info.local_order.tolist() == [0, 3, 5, 4]
+    host_ids, host_orders = info.dispatch(torch.tensor([4, 2, 5, 1]))
+    # node 4 is replicated here (local row 3); 2 and 1 are host 1's rows 1 and 0
+    assert host_ids[0].tolist() == [3, 2] and host_orders[0].tolist() == [0, 2]
+    assert host_ids[1].tolist() == [1, 0] and host_orders[1].tolist() == [1, 3]

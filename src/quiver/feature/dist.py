@@ -30,15 +30,40 @@ class DistFeature:
         owner: ``[N]`` owner host of every row (every row this host owns must be local).
         group: the ``torch.distributed`` process group (default: the world); its rank is the
             host id.
+
+    torch-quiver's form ``DistFeature(feature, info, comm)`` works too: ``info`` a
+    :class:`quiver.partition.PartitionInfo` (``local`` then holds its rows in that host's
+    local order: owned ids ascending, then its replicas), ``comm`` torch-quiver's
+    communicator, unused (the exchange runs over the default ``torch.distributed`` group, a
+    ``ProcessGroup`` passed there is used).
     """
 
-    def __init__(self, local, local_ids, owner, group=None):
+    def __init__(self, local, local_ids, owner=None, group=None):
         import torch.distributed as dist
 
         from quiver.feature.store import Feature
 
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("DistFeature needs torch.distributed initialised (init_process_group)")
+        from quiver.partition import PartitionInfo
+
+        if isinstance(local_ids, PartitionInfo):  # torch-quiver's (feature, info, comm)
+            info, comm = local_ids, owner
+            group = comm if isinstance(comm, dist.ProcessGroup) else group
+            if info.host != dist.get_rank(group) or info.hosts != dist.get_world_size(group):
+                raise ValueError(
+                    f"PartitionInfo is for host {info.host} of {info.hosts}; this process is "
+                    f"rank {dist.get_rank(group)} of {dist.get_world_size(group)}"
+                )
+            ids, by_id = torch.sort(info.local_order)
+            if local.shape[0] != ids.numel():
+                raise ValueError(
+                    f"feature has {local.shape[0]} rows; PartitionInfo gives host {info.host} "
+                    f"{ids.numel()} (owned + replicate)"
+                )
+            local, local_ids, owner = local[by_id], ids, info.owner
+        elif owner is None:
+            raise ValueError("DistFeature needs owner (or torch-quiver's PartitionInfo)")
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
