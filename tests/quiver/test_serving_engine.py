@@ -97,6 +97,25 @@ def test_a_failing_batch_answers_its_requests_with_the_error_and_serving_continu
     assert 'quiver_requests_total{status="ok"} 1.0' in text
 
 
+def test_a_failing_batch_logs_one_warning_line_and_its_traceback_only_at_debug(
+    world, exploding_sampler, caplog
+):
+    """A peer that stays down fails batch after batch: one warning line each, no traceback
+    unless the log asks for debug."""
+    import logging
+
+    cfg = ServeConfig(max_wait_ms=0)
+    with caplog.at_level(logging.DEBUG, logger="quiver.serving"):
+        with Engine(exploding_sampler(world.sampler), world.x, world.model, world.n, cfg) as eng:
+            with pytest.raises(RuntimeError, match="crashed"):
+                eng.predict([13, 2])
+    warned = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and warned[0].exc_info is None
+    assert "failed for a batch of 1 requests: RuntimeError: " in warned[0].getMessage()
+    assert "\n" not in warned[0].getMessage()
+    assert any(r.levelno == logging.DEBUG and r.exc_info for r in caplog.records)
+
+
 def test_overload_rejects_and_stop_drains_admitted_requests(world):
     topo, x, model, sampler = world.topo, world.x, world.model, world.sampler
     gate = threading.Event()

@@ -414,8 +414,9 @@ class PeerFeature(DistFeature):
                 with self._lock:  # what was posted may still complete into these
                     self._keep.extend(bufs for _, _, bufs in groups)
                     self._keep.append((head, part, answer))
-                self._lose(h, e)
-                raise RuntimeError(f"host {h} is unreachable: {_first_line(e)}") from None
+                why = _peer_cause(e, self.peer_timeout_s)
+                self._lose(h, why)
+                raise RuntimeError(f"host {h} is unreachable: {why}") from None
             groups.append((h, works, (head, part, answer)))
             sent += head.numel() * 8 + part.numel() * 8
         return {"groups": groups, "order": order, "t0": t0, "sent": sent}
@@ -432,12 +433,10 @@ class PeerFeature(DistFeature):
             except RuntimeError as e:
                 with self._lock:
                     self._keep.append(bufs)  # gloo may still hold them
-                why = _first_line(e)
-                if "timed out" in why.lower() or "timeout" in why.lower():
-                    why = f"no answer within {self.peer_timeout_s:g} s"
+                why = _peer_cause(e, self.peer_timeout_s)
                 self._lose(h, why)
                 failure = failure or RuntimeError(
-                    f"host {h} did not answer for {bufs[1].numel()} rows: {why}"
+                    f"host {h} is unreachable: {why} ({bufs[1].numel()} rows not read)"
                 )
                 continue
             answer = bufs[2]
@@ -467,7 +466,9 @@ class PeerFeature(DistFeature):
     def _lose(self, h: int, why) -> None:
         with self._lock:
             if h not in self._lost:
-                self._lost[h] = why if isinstance(why, str) else _first_line(why)
+                self._lost[h] = (
+                    why if isinstance(why, str) else _peer_cause(why, self.peer_timeout_s)
+                )
                 log.error("host %d: peer host %d lost: %s", self.rank, h, self._lost[h])
 
     # ------------------------------------------------------------------------- responder
@@ -486,7 +487,9 @@ class PeerFeature(DistFeature):
             try:
                 dist.irecv(head, src=None, tag=_REQ).wait()
             except RuntimeError as e:
-                log.error("host %d: responder stopped: %s", self.rank, _first_line(e))
+                log.error(
+                    "host %d: responder stopped: %s", self.rank, _peer_cause(e, self.peer_timeout_s)
+                )
                 return
             kind, src, tag, count = head.tolist()
             if kind == _BYE:
@@ -558,7 +561,7 @@ class PeerFeature(DistFeature):
             try:
                 dist.isend(bye, dst=h, tag=_REQ).wait(timedelta(seconds=self.peer_timeout_s))
             except RuntimeError as e:
-                self._lose(h, e)
+                self._lose(h, _peer_cause(e, self.peer_timeout_s))
         deadline = time.monotonic() + linger
         while self._responder.is_alive() and time.monotonic() < deadline:
             with self._lock:
@@ -577,6 +580,18 @@ class PeerFeature(DistFeature):
             f"PeerFeature(host={self.rank}/{self.world_size}, rows={self.owner.numel()}, "
             f"local={self.local_ids.numel()}, dim={self._dim}, dtype={self._dtype})"
         )
+
+
+def _peer_cause(e, timeout_s: float) -> str:
+    """Why a peer could not be reached, in words without the transport's own text (gloo's
+    messages carry source paths, addresses and "GLHF! 🏖️"); that text goes to the debug log."""
+    log.debug("peer transport error: %s", e)
+    text = str(e).lower()
+    if "timed out" in text or "timeout" in text:
+        return f"no answer within {timeout_s:g} s"
+    if any(w in text for w in ("closed", "reset", "refused", "broken pipe", "connection", "glhf")):
+        return "connection lost"
+    return f"transport error ({type(e).__name__})"
 
 
 def _first_line(e) -> str:

@@ -29,6 +29,17 @@ from quiver.serving.metrics import EngineMetrics
 
 log = logging.getLogger("quiver.serving")
 
+
+def _log_failure(what: str, num_requests: int, e: BaseException) -> None:
+    """One warning line per failed batch (its requests get the error); the traceback only at
+    debug level, so a peer that stays down does not flood the log."""
+    text = (str(e).strip().splitlines() or [""])[0][:300]
+    log.warning(
+        "%s failed for a batch of %d requests: %s: %s", what, num_requests, type(e).__name__, text
+    )
+    log.debug("%s failure traceback", what, exc_info=e)
+
+
 _STOP = object()
 
 
@@ -331,7 +342,7 @@ class Engine:
                 s.lane = "fast"
                 self._run_model(s)
             except Exception as e:  # one bad batch answers its requests with the error
-                log.exception("lane failed for a batch of %d requests", len(batch.requests))
+                _log_failure("lane", len(batch.requests), e)
                 self._fail(batch, e)
             except BaseException as e:  # the thread dies: answer first, the supervisor restarts it
                 self._fail(batch, RuntimeError(f"lane thread died: {e!r}"))
@@ -368,7 +379,7 @@ class Engine:
             s.lane = "fast"
             self._run_model(s)
         except Exception as e:  # one bad batch answers its requests with the error
-            log.exception("fast lane failed for a batch of %d requests", len(batch.requests))
+            _log_failure("fast lane", len(batch.requests), e)
             self._fail(batch, e)
         except BaseException as e:  # the thread dies: answer first, the supervisor restarts it
             self._fail(batch, RuntimeError(f"batcher thread died: {e!r}"))
@@ -392,7 +403,7 @@ class Engine:
             try:
                 self._model_q.put(self._sample(batch, picked, closed))
             except Exception as e:  # one bad batch answers its requests with the error
-                log.exception("sampling failed for a batch of %d requests", len(batch.requests))
+                _log_failure("sampling", len(batch.requests), e)
                 self._fail(batch, e)
                 self._leave_pipeline()
             except BaseException as e:  # the thread dies: answer first, the supervisor restarts it
@@ -480,7 +491,7 @@ class Engine:
             try:
                 self._run_model(item)
             except Exception as e:
-                log.exception("model failed for a batch of %d requests", len(item.batch.requests))
+                _log_failure("model", len(item.batch.requests), e)
                 self._fail(item.batch, e)
             except BaseException as e:
                 self._fail(item.batch, RuntimeError(f"model thread died: {e!r}"))
