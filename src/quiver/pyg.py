@@ -15,9 +15,16 @@ from quiver.graph import CSRTopo
 from quiver.sampling import CPUSampler, TorchSampler
 from quiver.sampling.base import Adj, SampledSubgraph
 
-__all__ = ["GraphSageSampler", "QuiverNodeSampler"]  # noqa: F822 (QuiverNodeSampler: lazy)
+__all__ = [  # noqa: F822 (QuiverNodeSampler: lazy)
+    "GraphSageSampler",
+    "MixedGraphSageSampler",
+    "QuiverNodeSampler",
+    "SampleJob",
+]
 
 MODES = ("CPU", "GPU", "UVA")
+#: torch-quiver's ``MixedGraphSageSampler`` modes: a device sampler, with CPU workers or alone
+MIXED_MODES = ("UVA_CPU_MIXED", "GPU_CPU_MIXED", "UVA_ONLY", "GPU_ONLY")
 
 
 def _resolve_device(device, mode: str) -> torch.device | None:
@@ -184,6 +191,82 @@ class GraphSageSampler:
         if mode in ("GPU", "UVA") and torch.cuda.is_available():
             device = torch.cuda.current_device()
         return cls(csr_topo, sizes, device, mode, **options)
+
+
+class SampleJob:
+    """torch-quiver's ``SampleJob``: the tasks an epoch samples, one seed batch per index.
+
+    Subclass it and define ``__getitem__`` (the seeds of task ``index``), ``__len__`` and
+    ``shuffle`` (called at the start of every pass of :class:`MixedGraphSageSampler`).
+    """
+
+    def __getitem__(self, index):
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def shuffle(self) -> None:
+        raise NotImplementedError
+
+
+class MixedGraphSageSampler:
+    """torch-quiver's ``MixedGraphSageSampler``: iterate over a :class:`SampleJob`, yielding
+    ``sample(job[i])`` (``(n_id, batch_size, adjs)``) for every task, in task order.
+
+    torch-quiver splits the tasks between a GPU/UVA sampler and CPU worker processes. Here the
+    tasks are sampled by quiver's CPU :class:`GraphSageSampler` on ``num_workers`` threads
+    (its kernel releases the GIL), in order; a ``*_MIXED``/``*_ONLY`` mode is accepted and
+    the device part runs on the host too (the results are the same samples).
+
+    Args:
+        sample_job: the tasks; ``shuffle()`` runs at the start of each iteration.
+        num_workers: sampling threads (>= 1; torch-quiver's CPU worker processes).
+        csr_topo: the graph.
+        sizes: fanouts, outermost hop last, as :class:`GraphSageSampler`.
+        device: torch-quiver's device ordinal; unused on the host.
+        mode: one of :data:`MIXED_MODES`.
+        seed: seed of the sampler (default: random).
+    """
+
+    def __init__(
+        self,
+        sample_job: SampleJob,
+        num_workers: int,
+        csr_topo: CSRTopo,
+        sizes,
+        device=0,
+        mode: str = "UVA_CPU_MIXED",
+        seed: int | None = None,
+    ):
+        if mode not in MIXED_MODES:
+            raise ValueError(f"mode must be one of {MIXED_MODES}, got {mode!r}")
+        if int(num_workers) < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        self.sample_job = sample_job
+        self.num_workers = max(int(num_workers), 1)
+        self.csr_topo, self.sizes, self.device, self.mode = csr_topo, list(sizes), device, mode
+        self.sampler = GraphSageSampler(csr_topo, sizes, mode="CPU", seed=seed)
+
+    def __len__(self) -> int:
+        return len(self.sample_job)
+
+    def __iter__(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.sample_job.shuffle()
+        tasks = [self.sample_job[i] for i in range(len(self.sample_job))]
+        with ThreadPoolExecutor(self.num_workers, thread_name_prefix="quiver-mixed") as pool:
+            yield from pool.map(self.sampler.sample, tasks)
+
+    def share_ipc(self):
+        """torch-quiver's IPC handle: the constructor's arguments (picklable)."""
+        return self.sample_job, self.num_workers, self.csr_topo, self.sizes, self.device, self.mode
+
+    @classmethod
+    def lazy_from_ipc_handle(cls, ipc_handle) -> MixedGraphSageSampler:
+        """Rebuild from :meth:`share_ipc`'s handle in a worker process."""
+        return cls(*ipc_handle)
 
 
 def _make_node_sampler():

@@ -482,3 +482,48 @@ def test_partition_info_dispatch_routes_to_owners_and_replicas():
     # node 4 is replicated here (local row 3); 2 and 1 are host 1's rows 1 and 0
     assert host_ids[0].tolist() == [3, 2] and host_orders[0].tolist() == [0, 2]
     assert host_ids[1].tolist() == [1, 0] and host_orders[1].tolist() == [1, 3]
+
+
+# ---------------------------------------------------------------------------- mixed sampler
+
+
+def _seed_job(seeds: torch.Tensor, batch: int):
+    """torch-quiver's example job: batches of training seeds, reshuffled every epoch."""
+
+    class SeedJob(quiver.SampleJob):
+        def __init__(self):
+            self.seeds, self.batch, self.shuffles = seeds, batch, 0
+
+        def __getitem__(self, index):
+            return self.seeds[index * self.batch : (index + 1) * self.batch]
+
+        def __len__(self):
+            return (self.seeds.numel() + self.batch - 1) // self.batch
+
+        def shuffle(self):
+            self.shuffles += 1
+            self.seeds = self.seeds[torch.randperm(self.seeds.numel())]
+
+    return SeedJob()
+
+
+def test_mixed_graph_sage_sampler_iterates_a_sample_job():
+    from quiver.pyg import MixedGraphSageSampler
+
+    topo = quiver.CSRTopo(_directed_edges(seed=6))
+    job = _seed_job(torch.arange(N), 7)
+    sampler = MixedGraphSageSampler(job, 3, topo, [-1, -1], device=0, mode="UVA_CPU_MIXED")
+    reference = GraphSageSampler(topo, [-1, -1], mode="CPU")
+    for epoch in (1, 2):
+        results = list(sampler)
+        assert job.shuffles == epoch and len(results) == len(job) == 6
+        for i, (n_id, batch_size, adjs) in enumerate(results):
+            want_n_id, want_size, want_adjs = reference.sample(job[i])
+            assert batch_size == want_size == job[i].numel()
+            assert torch.equal(n_id, want_n_id)
+            for a, b in zip(adjs, want_adjs):
+                assert torch.equal(a.edge_index, b.edge_index) and tuple(a.size) == tuple(b.size)
+    clone = MixedGraphSageSampler.lazy_from_ipc_handle(sampler.share_ipc())
+    assert len(list(clone)) == 6
+    with pytest.raises(ValueError, match="mode"):
+        MixedGraphSageSampler(job, 1, topo, [2], mode="CPU_ONLY")
