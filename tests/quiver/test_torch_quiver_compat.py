@@ -527,3 +527,67 @@ def test_mixed_graph_sage_sampler_iterates_a_sample_job():
     assert len(list(clone)) == 6
     with pytest.raises(ValueError, match="mode"):
         MixedGraphSageSampler(job, 1, topo, [2], mode="CPU_ONLY")
+
+
+# ---------------------------------------------------------------------------- serving queues
+
+
+class _AdjsSAGE(torch.nn.Module):
+    """torch-quiver's serving model: ``forward(x, adjs)`` over bipartite hops."""
+
+    def __init__(self):
+        super().__init__()
+        from torch_geometric.nn import SAGEConv
+
+        self.convs = torch.nn.ModuleList([SAGEConv(5, 8), SAGEConv(8, 3)])
+
+    def forward(self, x, adjs):
+        for i, (edge_index, _, size) in enumerate(adjs):
+            x = self.convs[i]((x, x[: size[1]]), edge_index)
+            if i == 0:
+                x = torch.relu(x)
+        return x
+
+
+@pytest.mark.parametrize("mode", ["CPU", "GPU"])
+def test_request_batcher_and_inference_server_pipeline(tmp_path, mode):
+    """torch-quiver's serving example: stream queues -> RequestBatcher -> HybridSampler (CPU
+    mode) -> InferenceServer -> result queues; each output is the model on that batch's
+    all-neighbour sample."""
+    ei = _directed_edges(seed=7)
+    topo = quiver.CSRTopo(ei)
+    x = torch.randn(N, 5, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    model = _AdjsSAGE().eval()
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    ctx = mp.get_context("spawn")
+    streams = [ctx.Queue()]
+    batcher = quiver.RequestBatcher(1, streams, 1, sample_mode=mode)
+    tasks = batcher.batched_request_queue_list()
+    sampler = None
+    if mode == "CPU":
+        sampler = quiver.HybridSampler(topo, [-1, -1], 1, 1, tasks)
+        sampler.start()
+        tasks = sampler.sampled_request_queue_list()
+    server = quiver.InferenceServer(
+        str(path), [0], x, tasks, mode, topo, [-1, -1], proc_num_per_device=1
+    )
+    results = server.result_queue_list()
+    server.start(join=False)
+    try:
+        batches = [torch.tensor([0, 5, 7]), torch.tensor([39, 1])]
+        reference = GraphSageSampler(topo, [-1, -1], mode="CPU")
+        for seeds in batches:
+            streams[0].put(seeds)
+            out = results[0].get(timeout=60)
+            n_id, _, adjs = reference.sample(seeds)
+            with torch.no_grad():
+                want = model(x[n_id], adjs)
+            assert out.shape == (seeds.numel(), 3)
+            torch.testing.assert_close(out, want, rtol=0, atol=1e-5)
+    finally:
+        server.stop()
+        streams[0].put(None)
+        if sampler is not None:
+            sampler.stop()
