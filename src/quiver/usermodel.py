@@ -589,18 +589,29 @@ def export_layers(program) -> tuple[int, bool]:
     (what ``MessagePassing.propagate`` calls); the layers counted are those inside no other.
     A layer of a :data:`DEGREE_NORMALISED` class normalises unless every operation traced in
     it has a stack trace and none of them comes from a ``*norm`` call (``normalize=False``).
+    A layer counts one hop per call of its aggregation, so ``SGConv(K=2)`` counts 2.
 
-    Returns ``(0, False)`` when the program shows no message-passing layer.
+    Returns ``(hops, degrees)``: the hops of all layers (one fanout each); ``(0, False)`` when
+    the program shows no message-passing layer.
     """
+    hops, degrees, _ = _export_hops(program)
+    return sum(hops.values()), degrees
+
+
+def _export_hops(program) -> tuple[dict[str, int], bool, str]:
+    """``({top-level layer path: hops}, degrees, detail)`` of a torch.export program (see
+    :func:`export_layers`); ``detail`` names the layers counted other than one hop."""
     types: dict[str, str] = {}
     traces: dict[str, list] = {}
+    calls: dict[str, set] = {}  # module path -> its calls' stack keys ("c.aggr_module@1": 2nd)
     for node in program.graph.nodes:
         stack = node.meta.get("nn_module_stack") or {}
         trace = node.meta.get("stack_trace")
-        for path, t in stack.values():
+        for key, (path, t) in stack.items():
             path = str(path)
             types.setdefault(path, _type_name(t))
             traces.setdefault(path, []).append(trace)
+            calls.setdefault(path, set()).add(key)
     layers = {
         path
         for path, t in types.items()
@@ -622,7 +633,16 @@ def export_layers(program) -> tuple[int, bool]:
         traced = bool(seen) and all(seen)
         if not traced or any("norm(" in t for t in seen):
             degrees = True
-    return len(top), degrees
+    # one hop per propagation: a K-hop layer (SGConv, TAGConv, APPNP) calls its aggregation K
+    # times, each call a stack key of its own
+    hops = {p: max(1, len(calls.get(f"{p}.aggr_module" if p else "aggr_module", ()))) for p in top}
+
+    def named(p: str, k: int) -> str:
+        cls = types[p].rpartition(".")[2]
+        return f"{cls} K={k}" if cls in K_HOP_LAYERS else f"{cls} {k} hops"
+
+    detail = ", ".join(named(p, k) for p, k in sorted(hops.items()) if k != 1)
+    return hops, degrees, detail
 
 
 def load_served_model(
@@ -678,7 +698,8 @@ def load_served_model(
                 f"--checkpoint {path}: cannot load the torch.export archive ({_one_line(e)})"
             ) from None
         convention = convention or "edge_index"
-        num_layers, degrees = export_layers(program)
+        hops, degrees, detail = _export_hops(program)
+        num_layers = sum(hops.values())
         served = ServedModel(
             program.module(),
             convention,
@@ -688,6 +709,7 @@ def load_served_model(
             num_layers=num_layers,
             source=f"the torch.export archive {path.name}",
         )
+        served.hop_detail = detail
         return served, _info(served, f"torch.export {path.name}", None)
     try:
         with warnings.catch_warnings():  # e.g. the pickle protocol: the error below says it all

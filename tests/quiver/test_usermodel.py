@@ -479,3 +479,24 @@ def test_k_hop_layer_with_one_fanout_per_module_is_refused(tiny, tmp_path, monke
         text = str(err.value)
         assert "\n" not in text
         assert f"propagates {k} hops ({name} K={k}" in text and f"give {k} fanouts" in text
+
+
+@pytest.mark.parametrize("name", ["SGConv", "APPNP"])
+def test_torch_export_k_hop_layer_counts_its_hops(tiny, tmp_path, monkeypatch, name):
+    """An exported K-hop layer calls its aggregation K times: the export is served with K
+    fanouts (plus the degree hop) and equals the module's full-graph forward; one fanout for
+    the module is refused naming K."""
+    model, _, _, k = _k_hop_checkpoint(tiny, tmp_path, monkeypatch, name)
+    data, x, full_ei = tiny
+    pt2 = _export(model, x, full_ei, tmp_path / f"{name}.pt2")
+    _, info = load_served_model(pt2)
+    assert info["num_layers"] == k and info["extra_hops"] == 1
+    with pytest.raises(ValueError, match=f"propagates {k} hops \\({name} K={k}"):
+        Server.from_dataset(data, pt2, fanouts=[-1])
+    n = x.shape[0]
+    cfg = ServeConfig(max_batch_nodes=n, max_request_nodes=n)
+    with Server.from_dataset(data, pt2, cfg, fanouts=[-1] * k) as server:
+        got = server.predict(list(range(n)), output="logits").values
+    with torch.no_grad():
+        want = model(x, full_ei).numpy()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
