@@ -9,10 +9,11 @@ the code.
   it to ``PATH`` (and a file the repository ships under that path must hold the same text),
   ``<!-- background: URL ... -->`` starts it in the background and waits until every ``URL``
   answers; background blocks are stopped when the page ends. Ports 8000-8009 and 29500-29509
-  are replaced by free ones. Python blocks run as scripts in children forked from one
-  interpreter that has imported torch and the packages (only the import time is shared), and a
-  page that starts with the same blocks as an earlier page starts from a snapshot of that
-  page's directory after them, so the shared "prepare a dataset, train a model" runs once.
+  are replaced by free ones. Pages run two at a time (``DOCS_TEST_JOBS``); python blocks run as
+  scripts in children forked from an interpreter that has imported torch and the packages
+  (only the import time is shared); a page that starts with the same blocks as another starts
+  from a snapshot of that page's directory after them, so the shared "prepare a dataset, train
+  a model" runs once.
 - Every relative link of ``README.md``, ``CHANGELOG.md`` and ``docs/**/*.md`` points at a file
   a clone has (tracked by git), or, from a docs page, at a page the site generates.
 - The generated references (``docs/hooks/reference.py``) name every config field and every CLI
@@ -31,8 +32,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,14 +239,47 @@ def _restore(snapshot: Path, work: Path) -> None:
     shutil.copytree(snapshot, work, dirs_exist_ok=True, symlinks=True)
 
 
-def run_page(page: Path, work: Path, runner=None, memo: dict | None = None) -> None:
+class Memo:
+    """Snapshots of a page's directory after its first blocks, keyed by those blocks' text.
+
+    A page that starts with the same blocks as another (the guides' shared "prepare a dataset,
+    train a model") starts from that snapshot instead of running them again; while one page
+    runs a prefix, another page that needs it waits for it rather than running it too.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: dict[tuple, list] = {}  # key -> [ready Event, snapshot path or None]
+
+    def claim(self, key: tuple):
+        """``(entry, owner)``: the owner runs the blocks and calls ``done``."""
+        with self.lock:
+            entry = self.entries.get(key)
+            if entry is None:
+                entry = self.entries[key] = [threading.Event(), None]
+                return entry, True
+        entry[0].wait()
+        return entry, False
+
+    def done(self, entry: list, work: Path | None) -> None:
+        if work is not None:
+            snapshot = Path(tempfile.mkdtemp(prefix="docs-memo-"))
+            shutil.copytree(work, snapshot, dirs_exist_ok=True, symlinks=True)
+            entry[1] = snapshot
+        entry[0].set()
+
+    def close(self) -> None:
+        for _, path in self.entries.values():
+            if path is not None:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def run_page(page: Path, work: Path, runner=None, memo: Memo | None = None) -> None:
     """Run the page's blocks in order in ``work`` (see the module docstring).
 
-    ``memo`` maps the blocks run so far (their text, from a page's start) to a snapshot of the
-    directory after them: a page that starts with the same blocks as an earlier one (the
-    guides' shared "prepare a dataset, train a model") starts from that snapshot instead of
-    running them again. Blocks that name a port, and everything after a background block,
-    are not memoised.
+    With ``memo``, a page starts from the snapshot of an identical prefix of blocks run
+    before (``Memo``). Blocks that name a port, and everything after a background block, are
+    not memoised.
     """
     shutil.copytree(
         ROOT / "examples",
@@ -263,15 +299,26 @@ def run_page(page: Path, work: Path, runner=None, memo: dict | None = None) -> N
     try:
         for n, b in enumerate(todo):
             key += ((b.lang, b.directive, b.arg, b.code),)
-            cacheable = memo is not None and not background and not _PORT.search(b.code + b.arg)
-            if cacheable and key in memo:
-                _restore(memo[key], work)
+            cacheable = (
+                memo is not None
+                and not background
+                and b.directive != "background"
+                and not _PORT.search(b.code + b.arg)
+            )
+            if not cacheable:
+                _run_block(n, b, work, env, ported, background, runner)
                 continue
-            _run_block(n, b, work, env, ported, background, runner)
-            if cacheable and b.directive != "background":
-                snapshot = Path(tempfile.mkdtemp(prefix="docs-memo-"))
-                shutil.copytree(work, snapshot, dirs_exist_ok=True, symlinks=True)
-                memo[key] = snapshot
+            entry, owner = memo.claim(key)
+            if not owner and entry[1] is not None:
+                _restore(entry[1], work)
+                continue
+            ok = False
+            try:
+                _run_block(n, b, work, env, ported, background, runner)
+                ok = True
+            finally:
+                if owner:
+                    memo.done(entry, work if ok else None)
     finally:
         for proc in background:
             _stop(proc)
@@ -343,27 +390,59 @@ def _runnable_pages() -> list:
     return out
 
 
-@pytest.fixture(scope="module")
-def python_runner():
-    runner = PythonRunner()
-    yield runner
-    runner.close()
+class PageRuns:
+    """Runs the selected pages ``DOCS_TEST_JOBS`` at a time (default 2: much of a page's time
+    is start-up latency, not CPU), each worker with its own ``PythonRunner``; a page's test
+    waits for its own run."""
+
+    def __init__(self, pages: list[Path]) -> None:
+        jobs = max(1, int(os.environ.get("DOCS_TEST_JOBS", "2")))
+        self.memo, self.local, self.runners = Memo(), threading.local(), []
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="docs-page")
+        self.dirs = {p: Path(tempfile.mkdtemp(prefix="docs-page-")) for p in pages}
+        self.futures = {p: self.pool.submit(self._run, p) for p in pages}
+
+    def _run(self, page: Path) -> None:
+        runner = getattr(self.local, "runner", None)
+        if runner is None:
+            runner = self.local.runner = PythonRunner()
+            with self.lock:
+                self.runners.append(runner)
+        run_page(page, self.dirs[page], runner, self.memo)
+
+    def result(self, page: Path) -> None:
+        self.futures[page].result()
+
+    def close(self) -> None:
+        for f in self.futures.values():
+            f.cancel()
+        self.pool.shutdown(wait=True)
+        for runner in self.runners:
+            runner.close()
+        self.memo.close()
+        for d in self.dirs.values():
+            shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
-def memo():
-    snapshots: dict = {}
-    yield snapshots
-    for path in snapshots.values():
-        shutil.rmtree(path, ignore_errors=True)
+def page_runs(request):
+    selected = [
+        item.callspec.params["page"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_page_code_blocks_run"
+    ]
+    runs = PageRuns(selected)
+    yield runs
+    runs.close()
 
 
 @pytest.mark.slow
 @pytest.mark.dist
 @pytest.mark.parametrize("page", _runnable_pages())
-def test_page_code_blocks_run(page, tmp_path, python_runner, memo):
+def test_page_code_blocks_run(page, page_runs):
     """Every runnable block of the page runs and exits 0, in order."""
-    run_page(page, tmp_path, python_runner, memo)
+    page_runs.result(page)
 
 
 def test_directives_are_well_formed():
