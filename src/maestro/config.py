@@ -498,7 +498,8 @@ class TrainConfig:
     seed: int = 0
     """Seeds the synthetic data and each section's initial weights (independent of layout)."""
     dtype: str = "float32"
-    """Parameter and activation dtype: ``float32`` or ``float64`` (exactness tests)."""
+    """Parameter and activation dtype: ``float32``, ``float64`` (exactness tests) or
+    ``bfloat16`` (bf16 autocast compute; a trainable section keeps fp32 master weights)."""
     scheduler: str = "fifo"
     """Scheduler name (see ``maestro.schedule.SCHEDULERS``), or ``"package.module:function"``
     for a scheduler defined outside Maestro."""

@@ -45,7 +45,8 @@ def register(sub) -> None:
         action="store_true",
         help="write the tuned baseline's monolithic plan (b; its monolithic_order is "
         "balanced) to --out instead of the per-section one (when (b) uses pipeline or "
-        "context parallelism, which maestro train lacks: the best whole-model layout it runs)",
+        "context parallelism, which maestro train --monolithic lacks: the best whole-model "
+        "layout it runs)",
     )
     p.add_argument(
         "--out",
