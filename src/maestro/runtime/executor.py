@@ -417,6 +417,14 @@ class MaestroWorker(WorkerCheckpoints):
         return [self.replica]
 
     @property
+    def pads(self) -> bool:
+        """Whether every replica of a shard group runs the same number of micro-batches and
+        backwards (FSDP's collectives: ``strategy.pad``, or a colocated group's FSDP
+        members), padding with zero-contribution ones (``lock_replicas``)."""
+        ctx = getattr(self.section, "colocated", None)
+        return (self.strategy is not None and self.strategy.pad) or (ctx is not None and ctx.fsdp)
+
+    @property
     def staged(self) -> bool:
         """Whether this unit is a colocated group whose replica spans several ranks or
         that holds FSDP members (its backward is staged:
@@ -617,9 +625,8 @@ class MaestroWorker(WorkerCheckpoints):
         # TP peers process the same samples: only the leader logs them (no duplicate ids)
         self.last_ids = [sid for mb in mine for sid in mb.sample_ids] if self.leader else []
         self.last_skipped = False
-        pad = self.strategy is not None and self.strategy.pad
+        pad = self.pads
         ctx = getattr(sec, "colocated", None)
-        pad = pad or (ctx is not None and ctx.fsdp)  # FSDP members inside a group
         self._step_schedule = schedule
         if ctx is not None:
             ctx.fallback = {}
@@ -628,24 +635,7 @@ class MaestroWorker(WorkerCheckpoints):
         num_pad = max(len(reps[r]) for r in self.lock_replicas) - len(mine) if pad else 0
         for k, mb in enumerate(mine):
             ids = mb.sample_ids
-            ins: dict[str, list[Outputs | None]] = {}
-            received: list[tuple[str, int, Outputs]] = []  # inputs that need gradients back
-            for p in sec.inputs:
-                needs_grad = self.trainable and not graph[p].frozen
-                col: list[Outputs | None] = []
-                for sid in ids:
-                    if p not in active[sid]:
-                        col.append(None)
-                        continue
-                    with tr.span(f"recv {p}", "wait", mb=k):
-                        got = self.transport.get(self._rank_of(p, schedule, sid), tag_act, sid)
-                    if needs_grad:
-                        for t in got.values():
-                            if t.is_floating_point():
-                                t.requires_grad_(True)
-                        received.append((p, sid, got))
-                    col.append(got)
-                ins[p] = col
+            ins, received = self._receive_inputs(ids, schedule, active, tag_act, k, self.trainable)
             if self.max_in_flight is not None:
                 with tr.span("run-ahead bound", "wait", mb=k):
                     self.transport.limit_in_flight(self.max_in_flight)
@@ -678,29 +668,60 @@ class MaestroWorker(WorkerCheckpoints):
             if outs is not None:
                 kept.append((len(mine) + j, (), outs, []))
         for k, ids, outs, received in kept:
-            tensors, grads = [], []
-            for sid, o in zip(ids, outs):
-                for c in grad_from:
-                    if c in active[sid]:
-                        with tr.span(f"recv grad {c}", "wait", mb=k):
-                            g = self.transport.get(self._grad_src(c, schedule, sid), tag_grad, sid)
-                        for key, gt in g.items():
-                            if o[key].requires_grad:  # not a frozen group member's output
-                                tensors.append(o[key])
-                                grads.append(gt)
-            if pad:
-                # FSDP: one backward per micro-batch on every rank, whatever came back
-                # (zero gradients for outputs nobody used, and for padding micro-batches)
-                have = {id(t) for t in tensors}
-                for o in outs:
-                    for t in o.values():
-                        if t.requires_grad and id(t) not in have:
-                            tensors.append(t)
-                            grads.append(torch.zeros_like(t))
+            tensors, grads = self._output_grads(k, ids, outs, grad_from, active, schedule, tag_grad)
             with tr.span(f"{self.name} bwd", "backward", mb=k, step=step):
                 self._backward(tensors, grads)
             self._send_input_grads(received, schedule, tag_grad, step)
         return self._step_tail(step, sink, loss_total)
+
+    def _receive_inputs(self, ids, schedule, active, tag, k, trainable: bool):
+        """``(inputs, received)`` of micro-batch ``k`` (samples ``ids``): the producers'
+        per-sample outputs (``None`` where a producer skipped the sample) and, when
+        ``trainable``, those from trainable producers, marked to require gradients, which go
+        back (``[(producer, sample id, outputs)]``)."""
+        ins: dict[str, list[Outputs | None]] = {}
+        received: list[tuple[str, int, Outputs]] = []
+        for p in self.section.inputs:
+            needs_grad = trainable and not self.graph[p].frozen
+            col: list[Outputs | None] = []
+            for sid in ids:
+                if p not in active[sid]:
+                    col.append(None)
+                    continue
+                with self.tracer.span(f"recv {p}", "wait", mb=k):
+                    got = self.transport.get(self._rank_of(p, schedule, sid), tag, sid)
+                if needs_grad:
+                    for t in got.values():
+                        if t.is_floating_point():
+                            t.requires_grad_(True)
+                    received.append((p, sid, got))
+                col.append(got)
+            ins[p] = col
+        return ins, received
+
+    def _output_grads(self, k, ids, outs, grad_from, active, schedule, tag_grad):
+        """``(tensors, grads)`` of micro-batch ``k``'s backward: its outputs and the gradients
+        its trainable consumers sent for them; under FSDP (``strategy.pad`` or a group's FSDP
+        members) every output that needs one, with zeros where nobody sent any (padding
+        micro-batches included), so every rank runs one backward per micro-batch."""
+        tensors, grads = [], []
+        for sid, o in zip(ids, outs):
+            for c in grad_from:
+                if c in active[sid]:
+                    with self.tracer.span(f"recv grad {c}", "wait", mb=k):
+                        g = self.transport.get(self._grad_src(c, schedule, sid), tag_grad, sid)
+                    for key, gt in g.items():
+                        if o[key].requires_grad:  # not a frozen group member's output
+                            tensors.append(o[key])
+                            grads.append(gt)
+        if self.pads:
+            have = {id(t) for t in tensors}
+            for o in outs:
+                for t in o.values():
+                    if t.requires_grad and id(t) not in have:
+                        tensors.append(t)
+                        grads.append(torch.zeros_like(t))
+        return tensors, grads
 
     def _step_tail(self, step: int, sink: bool, loss_total: float) -> float:
         """After a step's micro-batches: flush, the non-finite guard, the gradient sums and
@@ -762,7 +783,7 @@ class MaestroWorker(WorkerCheckpoints):
         sink = graph.is_sink(self.name)
         consumers = graph.consumers(self.name)
         ctx = getattr(sec, "colocated", None)
-        pad = (self.strategy is not None and self.strategy.pad) or (ctx is not None and ctx.fsdp)
+        pad = self.pads
         no_grad = torch.inference_mode if sec.frozen else torch.no_grad
         modules = [sec.module] + [self.real_graph[m].module for m in self.members]
         sums: dict[str, float] = {}
@@ -800,17 +821,7 @@ class MaestroWorker(WorkerCheckpoints):
                     mine, num_pad = [], 0
                 for k, mb in enumerate(mine):
                     ids = mb.sample_ids
-                    ins: dict[str, list[Outputs | None]] = {}
-                    for p in sec.inputs:
-                        col: list[Outputs | None] = []
-                        for sid in ids:
-                            if p not in active[sid]:
-                                col.append(None)
-                                continue
-                            with tr.span(f"eval recv {p}", "wait", mb=k):
-                                src = self._rank_of(p, schedule, sid)
-                                col.append(self.transport.get(src, tag_act, sid))
-                        ins[p] = col
+                    ins, _ = self._receive_inputs(ids, schedule, active, tag_act, k, False)
                     if self.max_in_flight is not None:
                         with tr.span("run-ahead bound", "wait", mb=k):
                             self.transport.limit_in_flight(self.max_in_flight)

@@ -123,7 +123,7 @@ def _micro_batches(worker, schedule, batch, active):
     no inputs and zero weight)."""
     mine = schedule.order[worker.name][worker.replica]
     out = [(tuple(mb.sample_ids), False) for mb in mine]
-    if worker.strategy is not None and worker.strategy.pad:
+    if worker.pads:
         reps = schedule.order[worker.name]
         num_pad = max(len(reps[r]) for r in worker.lock_replicas) - len(mine)
         pad = next(s["id"] for s in batch if worker.name in active[s["id"]])
@@ -131,39 +131,15 @@ def _micro_batches(worker, schedule, batch, active):
     return out
 
 
-def _receive_inputs(worker, ids, is_pad, schedule, active, tag, k, trainable):
-    """``(inputs, received)`` of micro-batch ``k``: the producers' per-sample outputs and
-    those that need gradients back (``[(producer, sample id, outputs)]``)."""
-    sec, graph = worker.section, worker.graph
-    ins, received = {}, []
-    for p in sec.inputs:
-        if is_pad:
-            ins[p] = [None]
-            continue
-        needs_grad = trainable and not graph[p].frozen
-        col = []
-        for sid in ids:
-            if p not in active[sid]:
-                col.append(None)
-                continue
-            with worker.tracer.span(f"recv {p}", "wait", mb=k):
-                got = worker.transport.get(worker._rank_of(p, schedule, sid), tag, sid)
-            if needs_grad:
-                for t in got.values():
-                    if t.is_floating_point():
-                        t.requires_grad_(True)
-                received.append((p, sid, got))
-            col.append(got)
-        ins[p] = col
-    return ins, received
-
-
 def _forward(worker, k, mb, batch, schedule, active, step, tag_act, grad_mode):
     """Stage forward of micro-batch ``k``; returns ``(outs, incoming, received)``."""
     sec, st, tr = worker.section, worker.stage, worker.tracer
     ids, is_pad = mb
     trainable = worker.trainable and grad_mode
-    ins, received = _receive_inputs(worker, ids, is_pad, schedule, active, tag_act, k, trainable)
+    if is_pad:  # a padding micro-batch's sample has its producers absent
+        ins, received = {p: [None] for p in sec.inputs}, []
+    else:
+        ins, received = worker._receive_inputs(ids, schedule, active, tag_act, k, trainable)
     incoming = None
     if not st.first:
         with tr.span("recv stage", "wait", mb=k):
@@ -205,7 +181,6 @@ def _backward(worker, k, mb, state, batch, schedule, active, step, tag_grad, nor
     ids, is_pad = mb
     outs, incoming, received = state
     st, tr, graph = worker.stage, worker.tracer, worker.graph
-    pad = worker.strategy is not None and worker.strategy.pad
     loss_value = 0.0
     if st.last and graph.is_sink(worker.name):
         with tr.span(f"{worker.name} bwd", "backward", mb=k, step=step):
@@ -221,24 +196,11 @@ def _backward(worker, k, mb, state, batch, schedule, active, step, tag_grad, nor
             loss.backward()
         loss_value = 0.0 if is_pad else loss.item()
     elif st.last:
-        tensors, grads = [], []
         grad_from = [c for c in graph.consumers(worker.name) if not graph[c].frozen]
-        for sid, o in zip(() if is_pad else ids, outs):
-            for c in grad_from:
-                if c in active[sid]:
-                    with tr.span(f"recv grad {c}", "wait", mb=k):
-                        src = worker._grad_src(c, schedule, sid)
-                        g = worker.transport.get(src, tag_grad, sid)
-                    for key, gt in g.items():
-                        tensors.append(o[key])
-                        grads.append(gt)
-        if pad:
-            have = {id(t) for t in tensors}
-            for o in outs:
-                for t in o.values():
-                    if t.requires_grad and id(t) not in have:
-                        tensors.append(t)
-                        grads.append(torch.zeros_like(t))
+        mb_ids = () if is_pad else ids
+        tensors, grads = worker._output_grads(
+            k, mb_ids, outs, grad_from, active, schedule, tag_grad
+        )
         with tr.span(f"{worker.name} bwd", "backward", mb=k, step=step):
             if tensors:
                 torch.autograd.backward(tensors, grads)
