@@ -35,6 +35,10 @@ def trained(tmp_path_factory):
 
 # all-neighbour fanouts: every replica samples the same subgraph whatever it served before
 SERVE_ARGS = ["--fanouts=-1,-1", "--seed", "0", "--slo-ms", "2000", "--sampler-workers", "1"]
+# the body bounds the proxy must apply, as the single-process server does
+READ_TIMEOUT_S = 2.0
+MAX_BODY_BYTES = 4096
+SERVE_ARGS += ["--read-timeout", str(READ_TIMEOUT_S), "--max-body-bytes", str(MAX_BODY_BYTES)]
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +198,88 @@ def test_replicas_map_the_dataset_shared(cluster):
         print(pid, {k: v.strip() for k, v in rss.items()})
         maps = open(f"/proc/{pid}/maps").read()
         assert "features.npy" in maps  # memory-mapped, not read into private memory
+
+
+def _raw_reply(url: str, data: bytes, timeout: float = 30.0) -> tuple[bytes, float]:
+    """Send ``data`` on a new connection, send nothing more: the reply and its delay."""
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    s = socket.create_connection((parts.hostname, parts.port), timeout=timeout)
+    try:
+        s.sendall(data)
+        t0 = time.monotonic()
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+            head, _, body = reply.partition(b"\r\n\r\n")
+            if body and b"content-length:" in head.lower():
+                n = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                if len(body) >= n:
+                    break
+        return reply, time.monotonic() - t0
+    finally:
+        s.close()
+
+
+def _predict_head(length: int) -> bytes:
+    return (
+        b"POST /v1/predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % length
+    )
+
+
+@pytest.mark.slow
+def test_replicas_answer_a_short_body_408_within_the_read_timeout(cluster):
+    """A body shorter than its content-length: 408 at --read-timeout (Ray's proxy alone has no
+    read timeout and would wait for the rest)."""
+    reply, took = _raw_reply(cluster, _predict_head(100) + b'{"nodes": [1')
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:300]
+    assert b"request body not received within 2 s" in reply
+    assert READ_TIMEOUT_S - 0.1 <= took <= READ_TIMEOUT_S + 3.0, took
+    assert not _routed(reply)  # answered in the proxy, not by a replica
+
+
+def _routed(reply: bytes) -> bool:
+    """Whether a reply passed Ray's routing in the proxy, which tags it with x-request-id (the
+    guard sits outside it, so its own refusals carry none)."""
+    return b"\r\nx-request-id:" in reply.partition(b"\r\n\r\n")[0].lower()
+
+
+@pytest.mark.slow
+def test_replicas_answer_413_from_the_declared_length_before_the_body(cluster):
+    """50 MB announced, none sent: 413 at once, so the proxy did not wait to read the body."""
+    reply, took = _raw_reply(cluster, _predict_head(50 << 20))
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:300]
+    want = b"request body too large: %d bytes; at most %d bytes" % (50 << 20, MAX_BODY_BYTES)
+    assert want in reply
+    assert took < READ_TIMEOUT_S, took
+    assert not _routed(reply)  # refused in the proxy: the body never went on to a replica
+    # within the limit, the same request is served, through the routing
+    body = b'{"nodes": [1, 2]}'
+    reply, _ = _raw_reply(cluster, _predict_head(len(body)) + body)
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:300]
+    assert _routed(reply)
+
+
+def test_proxy_middlewares_carry_the_serve_bounds(monkeypatch):
+    """What Ray's proxy calls: the guard with the bounds run_replicas put in the environment,
+    nothing without them."""
+    from quiver.serving import ServeConfig
+    from quiver.serving import replicas as r
+    from quiver.serving.http import ReadGuard
+
+    for name in (r._MAX_BODY_ENV, r._READ_TIMEOUT_ENV, r._PROXY_CALLBACK_ENV):
+        monkeypatch.setenv(name, "")  # recorded, so the test's own settings are undone
+        monkeypatch.delenv(name)
+    assert r.proxy_middlewares() == []
+    r._guard_the_proxy(ServeConfig(max_body_bytes=1234, read_timeout_s=0.75))
+    assert os.environ[r._PROXY_CALLBACK_ENV] == "quiver.serving.replicas.proxy_middlewares"
+    (mw,) = r.proxy_middlewares()
+    guard = mw.cls(None, *mw.args, **mw.kwargs)
+    assert isinstance(guard, ReadGuard)
+    assert (guard.max_body_bytes, guard.read_timeout_s) == (1234, 0.75)
 
 
 def test_replicas_without_ray_is_one_line_error(trained, monkeypatch, capsys):

@@ -131,3 +131,130 @@ def test_the_headers_deadline_restarts_at_each_response(http):
         assert second.endswith(b'{"bytes":2}'), second
     finally:
         s.close()
+
+
+# -- the same bounds as ASGI middleware (quiver.serving.http.ReadGuard), for servers that are not
+# ours to configure: Ray Serve's proxy in front of `quiver serve --replicas` runs plain uvicorn.
+# Here the guard runs under plain uvicorn too (its default protocol, no guarded_protocol), so
+# every bound these tests see comes from the middleware alone.
+
+LIMIT = 1000
+
+
+@pytest.fixture(scope="module")
+def guarded():
+    import uvicorn
+
+    from quiver.serving.http import ReadGuard
+
+    app = FastAPI()
+    seen = []
+
+    @app.post("/echo")
+    async def echo(request: Request):
+        return {"bytes": len(await request.body())}
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"ok": True}
+
+    server = uvicorn.Server(
+        uvicorn.Config(
+            ReadGuard(app, max_body_bytes=LIMIT, read_timeout_s=TIMEOUT, on_error=seen.append),
+            host="127.0.0.1",
+            port=0,
+            log_level="warning",
+            access_log=False,
+        )
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    yield type("Guarded", (), {"host": "127.0.0.1", "port": port, "errors": seen})
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_guard_answers_a_short_body_408_within_the_deadline(guarded):
+    """100 bytes announced, 10 sent, then nothing: 408 at the deadline, connection closed."""
+    s = socket.create_connection((guarded.host, guarded.port), timeout=10)
+    try:
+        s.sendall(HEAD % 100 + b"1" * 10)
+        t0 = time.monotonic()
+        reply = _response(s)
+        took = time.monotonic() - t0
+        assert reply.startswith(b"HTTP/1.1 408"), reply
+        assert b"request body not received within 0.6 s" in reply
+        assert b"connection: close" in reply.lower()
+        assert TIMEOUT - 0.05 <= took <= TIMEOUT + 1.2, took
+        assert s.recv(4096) == b""  # closed: the rest of the body is never read
+    finally:
+        s.close()
+    assert 408 in guarded.errors
+
+
+def test_guard_answers_a_trickled_body_408_at_the_deadline(guarded):
+    reply, took = _reply_while_trickling(guarded, HEAD % 100, b"1" * 25)
+    assert reply.startswith(b"HTTP/1.1 408"), reply
+    assert TIMEOUT - 0.05 <= took <= TIMEOUT + 1.2, took
+
+
+def test_guard_answers_413_from_the_declared_length_before_reading_the_body(guarded):
+    """50 MB announced and none of it sent: the 413 comes at once (the body was never awaited)."""
+    s = socket.create_connection((guarded.host, guarded.port), timeout=10)
+    try:
+        t0 = time.monotonic()
+        s.sendall(HEAD % (50 << 20))
+        reply = _response(s)
+        assert time.monotonic() - t0 < TIMEOUT / 2  # not after waiting for the body
+        assert reply.startswith(b"HTTP/1.1 413"), reply
+        assert b"request body too large: %d bytes; at most %d bytes" % (50 << 20, LIMIT) in reply
+    finally:
+        s.close()
+    assert 413 in guarded.errors
+
+
+def test_guard_answers_413_for_a_chunked_body_past_the_limit(guarded):
+    s = socket.create_connection((guarded.host, guarded.port), timeout=10)
+    try:
+        head = HEAD.replace(b"content-length: %d\r\n", b"transfer-encoding: chunked\r\n")
+        chunk = b"%x\r\n%s\r\n" % (600, b"1" * 600)
+        s.sendall(head + chunk + chunk)  # 1200 bytes, no end chunk: over the limit of 1000
+        reply = _response(s)
+        assert reply.startswith(b"HTTP/1.1 413"), reply
+        assert b"request body too large: more" in reply
+    finally:
+        s.close()
+
+
+def test_guard_passes_bodies_within_the_bounds(guarded):
+    import httpx
+
+    url = f"http://{guarded.host}:{guarded.port}"
+    with httpx.Client(base_url=url, timeout=10) as client:
+        r = client.post("/echo", content=b"[" + b"1," * 300 + b"1]")
+        assert r.status_code == 200 and r.json() == {"bytes": 603}
+        r = client.post("/echo", content=b"x" * LIMIT)  # exactly the limit
+        assert r.status_code == 200 and r.json() == {"bytes": LIMIT}
+        assert client.get("/healthz").json() == {"ok": True}
+    # a slow body that is complete before the deadline is served
+    reply, _ = _reply_while_trickling(guarded, HEAD % 4, b"[12]", every=0.05)
+    assert reply.startswith(b"HTTP/1.1 200") and reply.endswith(b'{"bytes":4}'), reply
+
+
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        ({"max_body_bytes": 0, "read_timeout_s": 1.0}, "max_body_bytes must be >= 1"),
+        ({"max_body_bytes": 10, "read_timeout_s": 0}, "read_timeout_s must be > 0"),
+    ],
+)
+def test_guard_refuses_bad_bounds(kwargs, msg):
+    from quiver.serving.http import ReadGuard
+
+    with pytest.raises(ValueError, match=msg):
+        ReadGuard(None, **kwargs)

@@ -4,10 +4,16 @@ uvicorn has no timeout for reading a request: a client that sends its headers, o
 body, and then stops holds the connection (and a waiting request task) until it goes away, and
 a graceful stop waits for that request. :func:`guarded_protocol` adds the missing bounds to
 uvicorn's HTTP protocol, and :class:`HTTPThread` bounds the graceful stop as a whole.
+
+Where the HTTP server is not ours to configure (Ray Serve's proxy in front of ``quiver serve
+--replicas``), :class:`ReadGuard` gives the same body bounds as plain ASGI middleware: 413 from
+the declared ``content-length`` before any of the body is read, and 408 when the body has not
+all arrived within ``read_timeout_s`` of the request's headers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -103,6 +109,95 @@ def guarded_protocol(read_timeout_s: float, on_error=None):
                 on_error(status)
 
     return GuardedHTTPProtocol
+
+
+class ReadGuard:
+    """ASGI middleware bounding a request body in size and arrival time, for any HTTP server.
+
+    Args:
+        app: the ASGI app behind it; it gets the body whole, read by this middleware.
+        max_body_bytes: a body longer than this is answered 413: from a declared
+            ``content-length`` at once, without reading any of it; from a chunked body as soon
+            as it passes the limit.
+        read_timeout_s: the whole body must arrive within this many seconds of the request
+            reaching the app (its headers complete), however it trickles in; else 408.
+        on_error: called with 408 or 413 for each refusal this middleware answers itself.
+
+    Refusals are JSON ``{"error": message}`` with ``connection: close``, as
+    :func:`guarded_protocol` answers them: the rest of the body is never read. Headers that
+    never finish are not seen by ASGI middleware; the server's own bounds (uvicorn's keep-alive
+    timeout, or :func:`guarded_protocol`) cover them.
+    """
+
+    def __init__(self, app, max_body_bytes: int, read_timeout_s: float, on_error=None):
+        if max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {max_body_bytes}")
+        if not read_timeout_s > 0:
+            raise ValueError(f"read_timeout_s must be > 0, got {read_timeout_s}")
+        self.app = app
+        self.max_body_bytes = int(max_body_bytes)
+        self.read_timeout_s = float(read_timeout_s)
+        self.on_error = on_error
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        deadline = time.monotonic() + self.read_timeout_s
+        length = _declared_length(scope)
+        if length is not None and length > self.max_body_bytes:
+            await self._refuse(send, 413, self._too_large(f"{length} bytes"))
+            return
+        chunks: list[bytes] = []
+        size, more = 0, True
+        while more:
+            try:
+                msg = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                why = f"request body not received within {self.read_timeout_s:g} s"
+                await self._refuse(send, 408, why)
+                return
+            if msg["type"] != "http.request":  # the client went away
+                return
+            chunks.append(msg.get("body", b""))
+            size += len(chunks[-1])
+            more = msg.get("more_body", False)
+            if size > self.max_body_bytes:  # chunked, or more than the declared length
+                await self._refuse(send, 413, self._too_large("more"))
+                return
+        body = b"".join(chunks)
+        sent = False
+
+        async def whole():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: the disconnect
+
+        await self.app(scope, whole, send)
+
+    def _too_large(self, got: str) -> str:
+        return f"request body too large: {got}; at most {self.max_body_bytes} bytes"
+
+    async def _refuse(self, send, status: int, message: str) -> None:
+        body = json.dumps({"error": message}).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            (b"connection", b"close"),
+        ]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        if self.on_error is not None:
+            self.on_error(status)
+
+
+def _declared_length(scope) -> int | None:
+    for key, value in scope.get("headers", ()):
+        if key == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
 
 
 def _reading_body(cycle) -> bool:

@@ -16,6 +16,15 @@ The routes, and what answers them:
   Prometheus text (``DeploymentHandle.broadcast``) and answers them merged, each sample labelled
   ``replica="..."``; a replica that does not answer within a second is left out.
 
+Bodies are bounded as on the single-process server (``--max-body-bytes``, ``--read-timeout``):
+Ray's HTTP proxy reads every request body whole into a queue for the replica, and its uvicorn
+has no read timeout, so :func:`run_replicas` installs ``quiver.serving.http.ReadGuard`` in the
+proxy itself (Ray calls :func:`proxy_middlewares`, named by ``RAY_SERVE_HTTP_PROXY_CALLBACK_
+IMPORT_PATH``, when the proxy starts): a declared ``content-length`` over the limit is answered
+413 before any of the body is read, and a body not all arrived within the read timeout 408. Each
+replica's app is wrapped in the same guard too, which bounds the body again when the proxy was
+started without it (a cluster joined with ``--ray-address`` whose Serve already ran).
+
 Replicas on one host open the prepared dataset memory-mapped (``load_prepared`` maps
 ``features.npy`` and the CSR arrays copy-on-write), so its pages sit once in the page cache and
 count as shared file pages (``RssFile``) in every replica, not as private memory.
@@ -33,6 +42,12 @@ from dataclasses import dataclass
 APP_NAME = "quiver"
 DEPLOYMENT_NAME = "QuiverEngine"
 _METRICS_TIMEOUT_S = 1.0
+# how the proxy learns the body bounds: Ray calls proxy_middlewares() with no arguments, in the
+# proxy's own process, which inherits the environment of the `ray.init` that started the cluster
+_PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+_PROXY_CALLBACK = "quiver.serving.replicas.proxy_middlewares"
+_MAX_BODY_ENV = "QUIVER_PROXY_MAX_BODY_BYTES"
+_READ_TIMEOUT_ENV = "QUIVER_PROXY_READ_TIMEOUT_S"
 
 
 def import_serve():
@@ -161,13 +176,19 @@ class EngineReplica:
         from ray import serve
 
         from quiver.serving.app import create_app
+        from quiver.serving.http import ReadGuard
         from quiver.serving.server import Server
 
         self.server = Server.from_dataset(**server_kwargs).start()
         ctx = serve.get_replica_context()
         self.replica = ctx.replica_id.unique_id
         self._handle = (ctx.deployment, ctx.app_name)
-        _REPLICA_APP = _ReplicaRoutes(create_app(self.server.engine), self)
+        app = create_app(self.server.engine)
+        cfg = self.server.engine.cfg
+        guarded = ReadGuard(
+            app, cfg.max_body_bytes, cfg.read_timeout_s, on_error=app.state.on_http_error
+        )
+        _REPLICA_APP = _ReplicaRoutes(guarded, self)
 
     def metrics_text(self) -> tuple[str, str]:
         """``(replica id, this replica's Prometheus text)`` (broadcast to by ``/metrics``)."""
@@ -264,6 +285,29 @@ def _headers(lines: list[str]) -> list[str]:
     return [x for x in lines if x.startswith("# ")]
 
 
+def proxy_middlewares() -> list:
+    """The Starlette middlewares Ray's HTTP proxy applies (called by Ray in the proxy process).
+
+    ``[ReadGuard]`` with the bounds :func:`run_replicas` put in the environment; none when they
+    are absent (a proxy started by someone else's ``ray.init``).
+    """
+    from starlette.middleware import Middleware
+
+    from quiver.serving.http import ReadGuard
+
+    limit, timeout = os.environ.get(_MAX_BODY_ENV), os.environ.get(_READ_TIMEOUT_ENV)
+    if limit is None or timeout is None:
+        return []
+    return [Middleware(ReadGuard, max_body_bytes=int(limit), read_timeout_s=float(timeout))]
+
+
+def _guard_the_proxy(serve_cfg) -> None:
+    """Put the body bounds where the proxy Ray is about to start will read them."""
+    os.environ[_PROXY_CALLBACK_ENV] = _PROXY_CALLBACK
+    os.environ[_MAX_BODY_ENV] = str(int(serve_cfg.max_body_bytes))
+    os.environ[_READ_TIMEOUT_ENV] = repr(float(serve_cfg.read_timeout_s))
+
+
 def build_app(server_kwargs: dict, cfg: ReplicaConfig, queue_capacity: int):
     """The Ray Serve application (bound, not yet run) serving ``server_kwargs``'s engine."""
     _, serve = import_serve()
@@ -283,9 +327,14 @@ def run_replicas(
 
     Returns once every replica is up. ``init_kwargs`` go to ``ray.init`` when it starts a local
     cluster (e.g. ``num_cpus``). Joining a cluster whose Serve already runs keeps that Serve's
-    HTTP address (Ray ignores ``host``/``port`` then).
+    HTTP address (Ray ignores ``host``/``port`` then) and its proxy, which then lacks the body
+    guard (each replica still applies it; see the module docstring).
     """
+    from quiver.serving.config import ServeConfig
+
     ray, serve = import_serve()
+    if cfg.ray_address is None:  # before ray.init: the local cluster's processes inherit it
+        _guard_the_proxy(server_kwargs.get("cfg") or ServeConfig())
     if not ray.is_initialized():
         kwargs = dict(init_kwargs or {})
         kwargs.setdefault("include_dashboard", False)
