@@ -103,7 +103,8 @@ def test_why_not_foldable_names_the_reason():
     odd = _model()
     odd.convs[0].root_weight = False
     assert "mean aggregation with a root weight" in why_not_foldable(odd)
-    assert "not Quiver's own GNN" in why_not_foldable(ServedModel(_model(), convention="adjs"))
+    assert "takes (x, adjs)" in why_not_foldable(ServedModel(_model(), convention="adjs"))
+    assert "not Quiver's own GNN" in why_not_foldable(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="cannot fold this model: its first layer is gcn"):
         FoldedFirstLayer(_model("gcn"), torch.zeros(N, DIM))
     with pytest.raises(ValueError, match="takes 12 features per node; the dataset has 7"):

@@ -415,7 +415,13 @@ def _fold_choice(
     sampler_threads,
 ):
     """``(FoldedFirstLayer or None, info)`` for ``Server.from_dataset``'s ``fold``."""
-    from quiver.serving.folded import FOLD_CHOICES, FoldedFirstLayer, measure_fold, why_not_foldable
+    from quiver.serving.folded import (
+        FOLD_CHOICES,
+        FoldedFirstLayer,
+        fold_table_bytes,
+        measure_fold,
+        why_not_foldable,
+    )
 
     if fold not in FOLD_CHOICES:
         raise ValueError(
@@ -457,8 +463,7 @@ def _fold_choice(
         if stored is not None:
             build_dtype = DTYPES_BY_NAME[stored.table]
     if reason is None:
-        hidden = raw_net.convs[0].lin_l.weight.shape[0]
-        need = 2 * ds.num_nodes * hidden * torch.empty((), dtype=build_dtype).element_size()
+        need = fold_table_bytes(raw_net, ds.num_nodes, build_dtype)
         avail = _available_ram()
         if avail is not None and need > (avail // 2 if fold == "auto" else avail):
             reason = f"its tables need {_gib(need)} and {_gib(avail)} of RAM is available" + (
@@ -505,7 +510,7 @@ def _fold_choice(
         want.folded, want.table = True, best
         _record_fold(ds, want)
         how = f"; {want.summary}"
-    shape = f"2 x {folded.num_nodes:,} x {folded.hidden} {_DTYPE_NAMES[folded.dtype]}"
+    shape = folded.describe()  # e.g. "2 x 1,000 x 128 fp32"
     info = f"; first layer folded into {shape} tables ({_gib(folded.nbytes)}, {built}{how})"
     return folded, info
 
