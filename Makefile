@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip setuptools wheel -c constraints.txt
 	$(PIPC) torch==2.13.0
-	$(PIPC) -e '.[serve,dev,hf,scale]'
+	$(PIPC) -e '.[serve,serve-docs,dev,hf,scale]'
 	touch $(STAMP)
 
 test: $(STAMP)

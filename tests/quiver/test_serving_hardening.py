@@ -101,7 +101,7 @@ def test_chunked_body_past_the_limit_is_413(served):
 
 # ---- /docs offline ---------------------------------------------------------------------------
 def test_docs_off_by_default_openapi_still_served(served):
-    """FastAPI's /docs loads Swagger UI from a CDN (blank offline), so it is off by default."""
+    """/docs is off by default (--docs turns it on: tests/quiver/test_docs_offline.py)."""
     eng, http = served
     assert httpx.get(f"{http.url}/docs").status_code == 404
     assert httpx.get(f"{http.url}/redoc").status_code == 404
@@ -112,7 +112,7 @@ def test_docs_off_by_default_openapi_still_served(served):
 def test_docs_flag_turns_the_pages_on(world):
     eng = Engine(world.sampler, world.x, world.model, world.n, ServeConfig(docs=True))
     app = create_app(eng)
-    assert {"/docs", "/redoc", "/openapi.json"} <= {r.path for r in app.routes}
+    assert {"/docs", "/redoc", "/docs/static", "/openapi.json"} <= {r.path for r in app.routes}
 
 
 def test_unknown_field_is_a_422_naming_it(served):

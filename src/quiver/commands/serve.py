@@ -85,8 +85,9 @@ def add_serve_options(p) -> None:
     p.add_argument(
         "--docs",
         action="store_true",
-        help="serve the interactive /docs and /redoc pages (their assets load from a CDN, so "
-        "they are blank offline; /openapi.json is always served)",
+        help="serve the interactive /docs and /redoc pages (their assets served by the server "
+        "itself, so they render offline; needs the serve-docs extra); /openapi.json is always "
+        "served",
     )
     p.add_argument(
         "--feature-cache",
@@ -398,6 +399,10 @@ def run(args: argparse.Namespace) -> int:
 
     peers = peer_config(args)
     replicas = replica_config(args)
+    if args.docs:
+        from quiver.serving.app import offline_docs_app
+
+        offline_docs_app()  # without the packaged Swagger UI: one line, before the dataset loads
     if replicas is not None:
         if peers is not None:
             raise ValueError("--host-rank (feature shards) cannot be combined with --replicas")

@@ -9,9 +9,11 @@ down, 500 when a batch failed inside the server. Requests whose headers or body 
 within ``ServeConfig.read_timeout_s`` get 408 from the HTTP server
 (``quiver.serving.http.guarded_protocol``), counted the same way.
 
-The OpenAPI schema is served at ``/openapi.json``. The interactive ``/docs`` page is off by
-default (``ServeConfig.docs``): FastAPI's Swagger UI loads its script and styles from a CDN, so
-it would be a blank page on a server without internet access.
+The OpenAPI schema is served at ``/openapi.json``. The interactive ``/docs`` page (Swagger UI)
+and ``/redoc`` page (ReDoc) are off by default (``ServeConfig.docs``); when on, their scripts,
+styles and icon are served by this app from ``/docs/static/``, out of the ``fastapi-offline``
+package (the ``serve-docs`` extra), so the pages render on a server without internet access.
+FastAPI's own pages would load them from a CDN and be blank offline.
 """
 
 from __future__ import annotations
@@ -102,22 +104,47 @@ def _describe(err: RequestValidationError) -> tuple[int, str]:
     )
 
 
+#: where the pages' scripts, styles and icon are served from, under the app's root path
+DOCS_STATIC = "/docs/static"
+
+
+def offline_docs_app():
+    """``fastapi_offline.FastAPIOffline``, which builds a FastAPI app whose ``/docs`` (Swagger UI)
+    and ``/redoc`` pages load their assets from the app itself; a one-line ``ValueError`` when
+    the ``serve-docs`` extra (``fastapi-offline``) is not installed."""
+    try:
+        from fastapi_offline import FastAPIOffline
+    except ImportError:
+        raise ValueError(
+            "--docs needs the packaged Swagger UI, which is not installed; install it with "
+            "pip install 'maestro-quiver[serve-docs]' (or pip install fastapi-offline)"
+        ) from None
+    return FastAPIOffline
+
+
 def create_app(engine: Engine) -> FastAPI:
     """Build the FastAPI app serving ``engine`` (the caller starts and stops the engine).
 
     ``app.state.serve_config`` (the engine's ``ServeConfig``) and ``app.state.on_http_error``
     (counts a status in ``/metrics``) tell ``quiver.serving.http.HTTPThread`` the read timeout
     and how to count the 408s the HTTP server answers itself.
+
+    Raises ``ValueError`` (one line) when ``cfg.docs`` is on and the packaged Swagger UI is not
+    installed (see :func:`offline_docs_app`).
     """
     cfg = engine.cfg
-    docs = bool(getattr(cfg, "docs", False))
-    app = FastAPI(
+    meta = dict(
         title="Quiver GNN serving",
         version=__import__("quiver").__version__,
         description="Low-latency GNN predictions for graph nodes.",
-        docs_url="/docs" if docs else None,
-        redoc_url="/redoc" if docs else None,
     )
+    if getattr(cfg, "docs", False):
+        # no validator badge: Swagger UI would fetch it from validator.swagger.io
+        app = offline_docs_app()(
+            static_url=DOCS_STATIC, swagger_ui_parameters={"validatorUrl": None}, **meta
+        )
+    else:  # FastAPI's own pages would load their assets from a CDN: none
+        app = FastAPI(docs_url=None, redoc_url=None, **meta)
     # the front door's bound: a quarter of the deadline, but never under 20 ms (the GIL's 5 ms
     # switch interval makes a few ms of lag normal while the engine threads run)
     max_lag = max(0.02, cfg.slo_ms / 4e3) if cfg.shed_late else None

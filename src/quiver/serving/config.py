@@ -75,9 +75,9 @@ class ServeConfig:
             connection, so a client that stops mid-request holds nothing.
         shutdown_timeout_s: on stop, requests still running after this many seconds are
             cancelled (default 5 s); bodies still arriving are answered 503 at once.
-        docs: serve FastAPI's interactive ``/docs`` and ``/redoc`` pages (default False: their
-            Swagger/ReDoc assets load from a CDN, blank offline); ``/openapi.json`` is always
-            served.
+        docs: serve the interactive ``/docs`` (Swagger UI) and ``/redoc`` pages (default
+            False), their assets served by the server itself, so they render offline; needs
+            the ``serve-docs`` extra (``fastapi-offline``). ``/openapi.json`` is always served.
     """
 
     max_request_nodes: int = 1024
