@@ -29,6 +29,13 @@ def register(sub) -> None:
     )
     src.add_argument("--from-ogb", metavar="DIR", help="OGB node-property dataset root")
     src.add_argument("--edges", metavar="FILE", help="edge list: .txt, .csv or .npy")
+    src.add_argument(
+        "--hetero",
+        metavar="SOURCE",
+        help="a heterogeneous graph: 'mag-like' (synthetic, OGB-MAG sized times --scale), a "
+        "directory of src__relation__dst.csv edge files (+ TYPE.features.npy, TYPE.labels.npy, "
+        "nodes.json), or a torch.save'd PyG HeteroData (with --trust-pickle)",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="output directory")
     p.add_argument(
         "--seed", type=int, default=0, help="seed of a synthetic preset or of --split (default 0)"
@@ -64,6 +71,18 @@ def register(sub) -> None:
         default="fp32",
         help="feature storage: fp32, or bf16 (half the bytes to read and gather; served as "
         "bf16 rows, see `quiver serve --precision`) (default fp32)",
+    )
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=0.1,
+        help="--hetero mag-like: fraction of OGB-MAG's size (1 = 1.9M nodes, 21M edges; "
+        "default 0.1)",
+    )
+    p.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="--hetero FILE.pt: allow unpickling the saved HeteroData (runs code it names)",
     )
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.set_defaults(func=run)
@@ -161,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
 
     progress = not args.no_progress
     out = Path(args.out)
+    if getattr(args, "hetero", None):
+        return _run_hetero(args, out)
     if not args.edges and (args.split or any(getattr(args, k) for k in SPLIT_NAMES)):
         raise ValueError("--split and --train/--valid/--test apply to --edges sources only")
     if out.exists() and not out.is_dir():
@@ -232,4 +253,24 @@ def run(args: argparse.Namespace) -> int:
         f"in-degree min {deg['min']} median {deg['median']:g} mean {deg['mean']:.1f} "
         f"p99 {deg['p99']:g} max {deg['max']}, isolated {100 * deg['isolated_share']:.2f}%"
     )
+    return 0
+
+
+def _run_hetero(args: argparse.Namespace, out) -> int:
+    """``quiver prepare --hetero SOURCE``: write a hetero dataset directory."""
+    import time
+
+    from quiver.hetero.prepare import load_source
+
+    if args.features or args.labels or args.split or args.num_nodes:
+        raise ValueError(
+            "--features/--labels/--split/--num-nodes apply to --edges; a --hetero directory "
+            "holds TYPE.features.npy, TYPE.labels.npy and nodes.json"
+        )
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out} exists and is not a directory")
+    t0 = time.perf_counter()
+    g = load_source(args.hetero, args.scale, args.seed, args.undirected, args.trust_pickle)
+    g.save(out)
+    print(f"wrote {out}: {g.describe()} in {time.perf_counter() - t0:.1f}s")
     return 0

@@ -1,0 +1,183 @@
+"""A user's heterogeneous GNN, served: inputs built from a sampled :class:`HeteroBatch`.
+
+The served module is any ``torch.nn.Module`` whose ``forward(x_dict, edge_index_dict)`` takes
+what PyG's hetero models take (``to_hetero(...)``, ``HeteroConv``, RGCN-style models written
+over the dicts) and returns either a dict of per-type outputs or the target type's output:
+
+- ``x_dict[t]``: ``[n_t, F_t]`` float32 features of the sampled ``t`` nodes for a type with
+  features; for a type *without* features, ``[n_t]`` int64 **global node ids**, for the
+  model's own embedding table (``nn.Embedding(num_nodes[t], dim)``), as PyG's MAG examples
+  do for authors, institutions and fields;
+- ``edge_index_dict[(src, rel, dst)]``: ``[2, E]`` int64 local ``(src, dst)`` indices into
+  those rows; every type and relation is present, empty when nothing was sampled.
+
+Rows ``[:batch_size]`` of the target type's output are the requested nodes' answers. A module
+with an ``embed(x_dict, edge_index_dict)`` method can also answer ``output="embedding"``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from quiver.hetero.sampler import HeteroBatch
+
+__all__ = ["HeteroFeatures", "HeteroInput", "HeteroServedModel", "load_hetero_model"]
+
+
+class HeteroInput:
+    """The model's inputs for one sampled batch (``.to(device)`` moves every tensor)."""
+
+    def __init__(self, x_dict: dict, edge_index_dict: dict, batch: HeteroBatch):
+        self.x_dict = x_dict
+        self.edge_index_dict = edge_index_dict
+        self.batch = batch
+
+    def to(self, device, non_blocking: bool = False) -> HeteroInput:
+        def mv(d):
+            return {k: v.to(device, non_blocking=non_blocking) for k, v in d.items()}
+
+        return HeteroInput(mv(self.x_dict), mv(self.edge_index_dict), self.batch)
+
+
+class HeteroFeatures:
+    """Feature rows per node type; ``self[batch]`` gives the batch's :class:`HeteroInput`.
+
+    Args:
+        tables: node type -> a ``quiver.Feature`` or a ``[N_t, F_t]`` tensor (types without
+            features are left out: their rows are the node ids).
+    """
+
+    def __init__(self, tables: dict):
+        self.tables = dict(tables)
+
+    def __getitem__(self, batch: HeteroBatch) -> HeteroInput:
+        x = {}
+        for t, ids in batch.node_ids.items():
+            table = self.tables.get(t)
+            x[t] = ids if table is None else table[ids]
+        return HeteroInput(x, dict(batch.edge_index), batch)
+
+    def stats(self) -> dict:
+        """Rows served per tier, summed over the types' stores (``quiver.Feature.stats``)."""
+        total: dict = {}
+        for table in self.tables.values():
+            fn = getattr(table, "stats", None)
+            if callable(fn):
+                st = fn()
+                for k, v in dict(st.get("rows", st)).items():
+                    if isinstance(v, (int, float)):
+                        total[k] = total.get(k, 0) + v
+        return total
+
+
+class HeteroServedModel(nn.Module):
+    """Wrap a hetero module so a ``quiver.serving.Engine`` can run it for one target type.
+
+    Args:
+        module: the user's module (see the module docstring).
+        target: the node type whose answers are asked for.
+    """
+
+    def __init__(self, module: nn.Module, target: str):
+        super().__init__()
+        self.module = module
+        self.target = target
+        self.has_embedding = callable(getattr(module, "embed", None))
+
+    def _pick(self, out, inp: HeteroInput) -> Tensor:
+        if isinstance(out, dict):
+            if self.target not in out:
+                raise ValueError(
+                    f"the model gives no output for node type {self.target!r} (it gives "
+                    f"{', '.join(map(str, out))})"
+                )
+            out = out[self.target]
+        if not isinstance(out, Tensor) or out.ndim != 2:
+            raise ValueError(
+                "the model must return a [nodes, classes] tensor or a dict of them per node type"
+            )
+        return out[: inp.batch.batch_size[self.target]]
+
+    def forward(self, inp: HeteroInput, adjs=None) -> Tensor:
+        """``[batch_size, C]`` outputs of the target type's seeds."""
+        return self._pick(self.module(inp.x_dict, inp.edge_index_dict), inp)
+
+    def forward_all(self, inp: HeteroInput, adjs=None) -> tuple[Tensor, Tensor]:
+        """``(embedding, logits)`` of the seeds (the embedding from ``module.embed``)."""
+        logits = self.forward(inp)
+        if not self.has_embedding:
+            raise ValueError("this model has no embed(x_dict, edge_index_dict) method")
+        return self._pick(self.module.embed(inp.x_dict, inp.edge_index_dict), inp), logits
+
+
+def _materialise(module: nn.Module, probe: HeteroInput | None) -> None:
+    """Run one forward so lazy modules (``in_channels=-1``, common with ``to_hetero``) get
+    their shapes before the weights are loaded."""
+    lazy = any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters())
+    if lazy and probe is not None:
+        with torch.no_grad():
+            module(probe.x_dict, probe.edge_index_dict)
+
+
+def load_hetero_model(
+    checkpoint, model: str | None = None, trust_pickle: bool = False, probe=None
+) -> tuple[nn.Module, dict]:
+    """Build and load the module a factory checkpoint names (``quiver.usermodel.save_model``).
+
+    Args:
+        checkpoint: the file ``save_model`` wrote (factory, factory_kwargs, state_dict).
+        model: ``package.module:function`` to build it (confirms the checkpoint's factory).
+        trust_pickle: call the checkpoint's own factory without ``model``.
+        probe: a :class:`HeteroInput` to run once before loading (materialises lazy modules).
+
+    Returns:
+        ``(module, info)``; ``info`` has ``kind`` and the checkpoint's ``fanouts`` (or None).
+
+    Raises:
+        FileNotFoundError, ValueError: one line naming the file or option.
+    """
+    from quiver.usermodel import (
+        _build,
+        _check_readable,
+        _fit_state_dict,
+        _one_line,
+        _recorded_factory,
+    )
+
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise FileNotFoundError(f"--checkpoint {path}: no such file")
+    _check_readable(path)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"--checkpoint {path}: cannot load ({_one_line(e)})") from None
+    recorded = _recorded_factory(path, obj)
+    if recorded is None:
+        if not (
+            model and isinstance(obj, dict) and all(isinstance(v, Tensor) for v in obj.values())
+        ):
+            raise ValueError(
+                f"--checkpoint {path}: a hetero model is served from a factory checkpoint "
+                "(quiver.usermodel.save_model) or a state_dict with --model"
+            )
+        spec, kwargs, state = model, {}, obj
+    else:
+        spec, kwargs = recorded
+        state = obj["state_dict"]
+        if model and model != spec:
+            spec, kwargs = model, {}
+        elif not model and not trust_pickle:
+            raise ValueError(
+                f"--checkpoint {path} names its factory {spec}, whose code would run: pass "
+                f"--model {spec} to confirm it (or --trust-pickle)"
+            )
+    module = _build(spec, kwargs, f"--model {spec}")
+    _materialise(module, probe)
+    _fit_state_dict(module, state, str(path), f"the module {spec} builds")
+    module.eval()
+    fanouts = obj.get("fanouts") if isinstance(obj, dict) else None
+    return module, {"kind": f"{spec} ({type(module).__name__})", "fanouts": fanouts}
