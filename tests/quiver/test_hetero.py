@@ -426,3 +426,63 @@ def test_cli_prepare_from_typed_edge_lists_and_heterodata(tmp_path):
     )
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "user id 9 outside [0, 4)" in r.stderr
+
+
+def test_quiver_serve_cli_on_a_hetero_directory(mag, tmp_path):
+    """``quiver serve DIR`` notices a hetero dataset, answers node-typed requests, stops on
+    SIGTERM; an option it cannot honour there is one line."""
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    g, d = mag
+    kw = _kwargs(g, hidden=8)
+    torch.manual_seed(0)
+    from quiver.hetero import examples
+
+    save_model(
+        tmp_path / "m.pt",
+        examples.hetero_sage(**kw),
+        "quiver.hetero.examples:hetero_sage",
+        kw,
+        fanouts=[3, 2],
+    )
+    base = [
+        sys.executable,
+        "-m",
+        "quiver.cli",
+        "serve",
+        str(d),
+        "--checkpoint",
+        str(tmp_path / "m.pt"),
+    ]
+    r = subprocess.run(base + ["--precision", "bf16"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "--precision: not available for a heterogeneous dataset" in r.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = base + ["--model", "quiver.hetero.examples:hetero_sage", "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.post(
+                    f"http://127.0.0.1:{port}/v1/predict",
+                    json={"node_type": "paper", "nodes": [0, 1], "output": "logits"},
+                    timeout=5,
+                )
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stderr.read()
+                time.sleep(0.3)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["values"]) == 2 and len(r.json()["values"][0]) == 5
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "targets paper" in out and "quiver serve: stopped" in out

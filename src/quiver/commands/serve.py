@@ -260,6 +260,14 @@ def register(sub) -> None:
     p.add_argument("--port", type=_port, default=8000, help="TCP port (8000)")
     add_serve_options(p)
     add_replica_options(p)
+    p.add_argument(
+        "--target",
+        metavar="TYPE[,TYPE]",
+        default=None,
+        help="heterogeneous dataset: the node types requests may name (default: the "
+        "manifest's target, else every type with labels); --fanouts then also takes a JSON "
+        "object per edge type, e.g. '{\"author__writes__paper\": [10, 5], ...}'",
+    )
     add_peer_options(p)
     p.set_defaults(func=run)
 
@@ -395,8 +403,11 @@ def run(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from quiver.hetero.graph import is_hetero_dir
     from quiver.serving.server import Server
 
+    if is_hetero_dir(args.dataset_dir):
+        return run_hetero(args)
     peers = peer_config(args)
     replicas = replica_config(args)
     if args.docs:
@@ -450,6 +461,57 @@ def run(args: argparse.Namespace) -> int:
         )
         sys.stderr.flush()
         os._exit(0)  # gloo's destructors would wait on the responder's pending receive
+    print("quiver serve: stopped", flush=True)
+    return 0
+
+
+def run_hetero(args: argparse.Namespace) -> int:
+    """``quiver serve`` on a heterogeneous dataset (``quiver prepare --hetero``): a
+    ``quiver.hetero.HeteroServer``; requests name a node type."""
+    import signal
+    import threading
+
+    from quiver.hetero.server import HeteroServer
+
+    unsupported = [
+        (getattr(args, "replicas", None), "--replicas"),
+        (getattr(args, "host_rank", None) is not None, "--host-rank"),
+        (args.precision != "fp32", "--precision"),
+        (args.device not in (None, "cpu"), "--device"),
+        (args.docs, "--docs"),
+        (args.model_input, "--model-input"),
+        (args.fold_first_layer not in ("auto", "off"), "--fold-first-layer"),
+    ]
+    named = [flag for given, flag in unsupported if given]
+    if named:
+        raise ValueError(
+            f"{', '.join(named)}: not available for a heterogeneous dataset yet (its model runs "
+            "in fp32 on the CPU, in one process)"
+        )
+    check_listen(args.host, args.port)
+    server = HeteroServer.from_dataset(
+        args.dataset_dir,
+        args.checkpoint,
+        cfg=serve_config(args),
+        fanouts=args.fanouts,
+        targets=args.target.split(",") if args.target else None,
+        model=args.model,
+        trust_pickle=args.trust_pickle,
+        seed=args.seed,
+        feature_cache=args.feature_cache if args.feature_cache != "0" else "1G",
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start(args.host, args.port)
+    print(f"quiver serve: {server.info}")
+    print(
+        f"listening on {server.url}  (POST /v1/predict with node_type, GET /healthz, GET /metrics)",
+        flush=True,
+    )
+    stop.wait()
+    print("quiver serve: draining in-flight requests...", flush=True)
+    server.stop()
     print("quiver serve: stopped", flush=True)
     return 0
 
