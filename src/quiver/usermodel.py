@@ -29,7 +29,15 @@ outermost fanout): every node whose degree enters a seed's output then has its s
 in-edges. The normalisation of the sampled path is therefore the symmetric one with each
 node's *sampled* in-degree (``min(deg, fanout)`` of its hop, plus the self-loop); with
 all-neighbour fanouts (``-1``) that is the true degree, and the seeds' outputs equal the
-module's on the full graph.
+module's on the full graph. ``ChebConv``'s Laplacian counts *out*-degrees (edge weights summed
+by source): a node's out-edges into the next hop are in the sample only once that hop is
+expanded, so it gets two extra hops (:data:`OUT_DEGREE_NORMALISED`), and its answers equal the
+full graph's only where every out-neighbour is also an in-neighbour (a symmetric graph, as
+ChebConv expects): an out-edge to a node that does not reach the seeds is never sampled.
+
+Multi-hop layers count their receptive field, one fanout per hop (:func:`layer_hops`):
+``SGConv``/``SSGConv``/``TAGConv``/``APPNP`` ``K``, ``ChebConv`` ``K - 1``, ``MixHopConv``
+``max(powers)``, ``ARMAConv`` ``num_layers``.
 
 Embeddings (``output: "embedding"``) are the input of the last message-passing layer, caught by
 a forward pre-hook on the last top-level ``MessagePassing`` module that runs, or the result of
@@ -76,6 +84,7 @@ __all__ = [
     "CONVENTIONS",
     "DEGREE_NORMALISED",
     "K_HOP_LAYERS",
+    "OUT_DEGREE_NORMALISED",
     "ServedModel",
     "export_layers",
     "import_factory",
@@ -103,6 +112,12 @@ DEGREE_NORMALISED = (
     "FAConv",
     "MixHopConv",
 )
+
+#: degree-normalised layers that count *out*-degrees (``get_laplacian`` sums edge weights by
+#: source): the sample gets two extra hops for them, and their answers equal the full graph's
+#: only on a symmetric graph (an out-edge to a node that does not reach the seeds is never
+#: sampled)
+OUT_DEGREE_NORMALISED = ("ChebConv",)
 
 #: ``torch_geometric.nn`` layers that propagate ``K`` hops in one module (``S^K x``, a sum of
 #: ``S^k x``, or ``K`` personalised-PageRank steps): each needs ``K`` fanouts, not one
@@ -143,15 +158,39 @@ def message_passing_layers(module: nn.Module) -> list[nn.Module]:
 
 
 def layer_hops(layer: nn.Module) -> int:
-    """The hops one message-passing layer propagates: its ``K`` for :data:`K_HOP_LAYERS`, else 1."""
-    if type(layer).__name__ in K_HOP_LAYERS:
+    """The hops one message-passing layer propagates (its receptive field), read from PyG's
+    ``forward``: ``K`` for :data:`K_HOP_LAYERS`; ``K - 1`` for ``ChebConv`` (its Chebyshev
+    polynomial of order ``K - 1`` in the scaled Laplacian: ``K - 1`` propagations);
+    ``max(powers)`` for ``MixHopConv`` (``A^p x`` for each power ``p``); ``num_layers`` for
+    ``ARMAConv`` (``num_layers`` propagations per stack, each adding a root term of the input);
+    else 1."""
+    name = type(layer).__name__
+    if name in K_HOP_LAYERS:
         return max(int(getattr(layer, "K", 1)), 0)
+    if name == "ChebConv" and hasattr(layer, "lins"):
+        return max(len(layer.lins) - 1, 0)
+    if name == "MixHopConv" and getattr(layer, "powers", None):
+        return max(int(p) for p in layer.powers)
+    if name == "ARMAConv" and hasattr(layer, "num_layers"):
+        return int(layer.num_layers)
     return 1
+
+
+def _hop_setting(layer: nn.Module) -> str:
+    """The setting that makes a layer propagate other than one hop, for messages."""
+    name = type(layer).__name__
+    if name == "ChebConv":
+        return f"ChebConv K={len(layer.lins)}: {layer_hops(layer)} hops"
+    if name == "MixHopConv":
+        return f"MixHopConv powers {list(layer.powers)}: {layer_hops(layer)} hops"
+    if name == "ARMAConv":
+        return f"ARMAConv num_layers={layer.num_layers}: {layer_hops(layer)} hops"
+    return f"{name} K={layer_hops(layer)}"
 
 
 def _hop_detail(layers: list[nn.Module]) -> str:
     """``"SGConv K=2"``-style names of the layers propagating other than one hop."""
-    return ", ".join(f"{type(m).__name__} K={layer_hops(m)}" for m in layers if layer_hops(m) != 1)
+    return ", ".join(_hop_setting(m) for m in layers if layer_hops(m) != 1)
 
 
 def _needs_degrees(module: nn.Module) -> bool:
@@ -159,6 +198,15 @@ def _needs_degrees(module: nn.Module) -> bool:
         if type(m).__name__ in DEGREE_NORMALISED and getattr(m, "normalize", True):
             return True
     return False
+
+
+def _degree_hops(module: nn.Module) -> int:
+    """Hops to sample beyond the model's for its degree normalisation: 0 without one; 2 with
+    a :data:`OUT_DEGREE_NORMALISED` layer (a node's out-edges into the next hop exist in the
+    sample only once that hop is expanded); else 1."""
+    if not _needs_degrees(module):
+        return 0
+    return 2 if any(type(m).__name__ in OUT_DEGREE_NORMALISED for m in module.modules()) else 1
 
 
 def _has_sequence_aggregation(module: nn.Module) -> bool:
@@ -202,8 +250,8 @@ class ServedModel(nn.Module):
             ``adjs``, ``"subgraph"`` for a module that takes the counts and has a
             ``JumpingKnowledge``, else ``"edge_index"``.
         extra_hops: hops sampled beyond the model's layers (``edge_index``/``subgraph``
-            only); default 1 for models with a degree-normalised layer (see the module
-            docstring), else 0.
+            only); default 1 for models with a degree-normalised layer (2 with a ``ChebConv``;
+            see the module docstring), else 0.
         pass_counts: pass ``num_sampled_nodes_per_hop``/``num_sampled_edges_per_hop`` (default:
             when ``forward`` accepts both; ``edge_index`` only).
         embeddable: whether embeddings can be served (default: the model has ``embed`` or a
@@ -211,15 +259,16 @@ class ServedModel(nn.Module):
             engine refuses ``output: "embedding"`` with a 422.
         num_layers: the hops ``module`` propagates, when its submodules do not show them (a
             ``torch.export`` program's, see :func:`export_layers`); default: its top-level
-            ``MessagePassing`` modules, a :data:`K_HOP_LAYERS` one counting its ``K``.
+            ``MessagePassing`` modules, a multi-hop one counting its hops (:func:`layer_hops`).
         source: a short description for messages (e.g. the factory spec).
 
     Attributes:
         frontier: the sampler must expand only each hop's new nodes (``edge_index``,
             ``subgraph``).
         num_layers: the hops the model propagates, one fanout each (0 when unknown): one per
-            top-level message-passing layer, ``K`` for ``SGConv``/``TAGConv``/``APPNP``.
-        hop_detail: the layers counted other than one hop (``"SGConv K=2"``), for messages.
+            top-level message-passing layer, a multi-hop one its :func:`layer_hops`.
+        hop_detail: the layers counted other than one hop (``"SGConv K=2"``, ``"ChebConv
+            K=3: 2 hops"``), for messages.
         sequence_aggregation: the module has an LSTM or GRU aggregation
             (:data:`SEQUENCE_AGGREGATIONS`) and takes ``edge_index``: it reads each target's
             neighbours as a sequence padded to the longest in the subgraph, so the same node's
@@ -254,7 +303,7 @@ class ServedModel(nn.Module):
         self.source = source or type(module).__name__
         self.frontier = convention in ("edge_index", "subgraph")
         if extra_hops is None:
-            extra_hops = 1 if (self.frontier and _needs_degrees(module)) else 0
+            extra_hops = _degree_hops(module) if self.frontier else 0
         if extra_hops and not self.frontier:
             raise ValueError("extra hops need the edge_index or subgraph convention")
         self.extra_hops = int(extra_hops)
@@ -595,12 +644,13 @@ def export_layers(program) -> tuple[int, bool]:
     the program shows no message-passing layer.
     """
     hops, degrees, _ = _export_hops(program)
-    return sum(hops.values()), degrees
+    return sum(hops.values()), bool(degrees)
 
 
-def _export_hops(program) -> tuple[dict[str, int], bool, str]:
-    """``({top-level layer path: hops}, degrees, detail)`` of a torch.export program (see
-    :func:`export_layers`); ``detail`` names the layers counted other than one hop."""
+def _export_hops(program) -> tuple[dict[str, int], int, str]:
+    """``({top-level layer path: hops}, degree hops, detail)`` of a torch.export program (see
+    :func:`export_layers`): ``degree hops`` are the extra hops its degree normalisation needs
+    (0, 1, or 2 for a ChebConv); ``detail`` names the layers counted other than one hop."""
     types: dict[str, str] = {}
     traces: dict[str, list] = {}
     calls: dict[str, set] = {}  # module path -> its calls' stack keys ("c.aggr_module@1": 2nd)
@@ -625,14 +675,15 @@ def _export_hops(program) -> tuple[dict[str, int], bool, str]:
         return any(".".join(parts[:i]) in layers for i in range(len(parts)))
 
     top = sorted(p for p in layers if not inside_another(p))
-    degrees = False
+    degrees = 0  # the extra hops their degree normalisation needs (see _degree_hops)
     for path in top:
-        if types[path].rpartition(".")[2] not in DEGREE_NORMALISED:
+        cls = types[path].rpartition(".")[2]
+        if cls not in DEGREE_NORMALISED:
             continue
         seen = traces.get(path, [])
         traced = bool(seen) and all(seen)
         if not traced or any("norm(" in t for t in seen):
-            degrees = True
+            degrees = max(degrees, 2 if cls in OUT_DEGREE_NORMALISED else 1)
     # one hop per propagation: a K-hop layer (SGConv, TAGConv, APPNP) calls its aggregation K
     # times, each call a stack key of its own
     hops = {p: max(1, len(calls.get(f"{p}.aggr_module" if p else "aggr_module", ()))) for p in top}
@@ -703,7 +754,7 @@ def load_served_model(
         served = ServedModel(
             program.module(),
             convention,
-            extra_hops=1 if (degrees and convention != "adjs") else 0,
+            extra_hops=degrees if convention != "adjs" else 0,
             pass_counts=False,
             embeddable=False,
             num_layers=num_layers,

@@ -500,3 +500,106 @@ def test_torch_export_k_hop_layer_counts_its_hops(tiny, tmp_path, monkeypatch, n
     with torch.no_grad():
         want = model(x, full_ei).numpy()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def local_graphs(tmp_path_factory):
+    """``{symmetric: (data dir, x, full edge_index)}``: a sparse graph of local edges (each node's
+    in-neighbours within 6 ids of it), so a few hops reach a small part of it, as given
+    (directed) and with every edge both ways (symmetric)."""
+    n = 300
+    rng = np.random.default_rng(0)
+    dst = np.repeat(np.arange(n), 2)
+    src = (dst + rng.integers(-6, 7, dst.size)) % n
+    ei = np.unique(np.stack([src, dst]), axis=1)
+    ei = torch.from_numpy(ei[:, ei[0] != ei[1]])
+    x = torch.from_numpy(rng.standard_normal((n, DIM)).astype(np.float32))
+    out = {}
+    for symmetric in (False, True):
+        e = torch.unique(torch.cat([ei, ei.flip(0)], 1), dim=1) if symmetric else ei
+        topo = CSRTopo.from_edge_index(e, num_nodes=n)
+        d = tmp_path_factory.mktemp("local") / "data"
+        save_prepared(d, topo, x.numpy(), np.zeros(n, np.int64), {}, {"name": "local"})
+        dst_t = torch.repeat_interleave(torch.arange(n), topo.degree)
+        out[symmetric] = (d, x, torch.stack([topo.indices, dst_t]))
+    return out
+
+
+#: layer: (its settings, the hops it propagates, the extra degree hops, a symmetric graph)
+MULTI_HOP_MODELS = {
+    "ChebConv": ({"K": 3}, 2, 2, True),  # order K - 1 = 2 in the Laplacian; out-degrees
+    "MixHopConv": ({"powers": [0, 1, 3]}, 3, 1, False),  # A^0 x, A^1 x, A^3 x
+    "ARMAConv": ({"num_stacks": 2, "num_layers": 2}, 2, 1, False),  # 2 propagations per stack
+    # the K-hop layers again, on a graph their hops do not cover whole (tiny's 4 hops do)
+    "SGConv": ({"K": 2}, 2, 1, False),
+    "TAGConv": ({"K": 3}, 3, 1, False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MULTI_HOP_MODELS))
+def test_multi_hop_layer_counts_its_receptive_field_and_is_exact(local_graphs, tmp_path, name):
+    """``ChebConv(K)`` propagates K - 1 hops, ``MixHopConv`` max(powers), ``ARMAConv``
+    num_layers (read from PyG's forward): served with that many all-neighbour fanouts (plus the
+    degree hops their normalisation needs) the seeds' answers are the module's full-graph
+    forward; ChebConv's Laplacian counts out-degrees, so it gets two degree hops and is exact
+    on a symmetric graph. One fanout for the module is refused naming its hops."""
+    from quiver.usermodel import import_factory, save_model
+
+    settings, hops, extra, symmetric = MULTI_HOP_MODELS[name]
+    data, x, full_ei = local_graphs[symmetric]
+    spec = f"torch_geometric.nn:{name}"
+    kwargs = {"in_channels": x.shape[1], "out_channels": 4, **settings}
+    torch.manual_seed(0)
+    model = import_factory(spec)(**kwargs).eval()
+    ckpt = tmp_path / f"{name}.pt"
+    save_model(ckpt, model, spec, kwargs)
+    _, info = load_served_model(ckpt, spec)
+    assert info["num_layers"] == hops and info["extra_hops"] == extra
+    assert info["hop_detail"].startswith(f"{name} ")
+    assert f"{hops} hops" in info["hop_detail"] or f"K={hops}" in info["hop_detail"]
+    n = x.shape[0]
+    cfg = ServeConfig(max_batch_nodes=n, max_request_nodes=n)
+    with Server.from_dataset(data, ckpt, cfg, fanouts=[-1] * hops, model=spec) as server:
+        nodes = [5, 0, 77, n - 1, 12]
+        got = np.stack([server.predict([v], output="logits").values[0] for v in nodes])
+        got_all = server.predict(list(range(n)), output="logits").values
+        sampled = server.engine.sampler.sample(torch.tensor([77]))[0].numel()
+    assert sampled < n // 2  # the hops reach a part of the graph, not all of it
+    with torch.no_grad():
+        want = model(x, full_ei).numpy()
+    assert np.abs(want).max() > 0.1
+    np.testing.assert_allclose(got, want[nodes], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(got_all, want, rtol=0, atol=1e-5)
+    for fanouts in ([-1], [-1] * (hops + 1)):
+        with pytest.raises(ValueError) as err:
+            Server.from_dataset(data, ckpt, fanouts=fanouts, model=spec)
+        text = str(err.value)
+        assert "\n" not in text and f"propagates {hops} hops ({name} " in text, text
+        assert f"give {hops} fanouts" in text
+
+
+def test_multi_hop_layer_with_fewer_hops_served_is_not_exact(local_graphs):
+    """The counted hops are needed: a sample one hop short (what one fanout per module gave)
+    differs from the full graph for each multi-hop layer."""
+    from torch_geometric.nn import ARMAConv, ChebConv, MixHopConv
+
+    for make, symmetric in (
+        (lambda d: ChebConv(d, 4, K=3), True),
+        (lambda d: MixHopConv(d, 4, powers=[0, 1, 3]), False),
+        (lambda d: ARMAConv(d, 4, num_stacks=2, num_layers=2), False),
+    ):
+        _, x, full_ei = local_graphs[symmetric]
+        torch.manual_seed(0)
+        module = make(x.shape[1]).eval()
+        served = ServedModel(module)
+        topo = CSRTopo.from_edge_index(full_ei, num_nodes=x.shape[0])
+        with torch.no_grad():
+            want = module(x, full_ei)
+        diffs = []
+        for short in (0, 1):
+            sizes = [-1] * (served.num_layers - short + served.extra_hops)
+            sampler = GraphSageSampler(topo, sizes, mode="CPU", seed=0, frontier=True)
+            n_id, _, adjs = sampler.sample(torch.arange(0, x.shape[0], 9))
+            with torch.no_grad():
+                diffs.append(float((served(x[n_id], adjs) - want[::9]).abs().max()))
+        assert diffs[0] < 1e-5 < diffs[1], (type(module).__name__, diffs)

@@ -151,10 +151,10 @@ class Server:
                 if minfo["extra_hops"]
                 else ""
             )
-            if minfo.get("hop_detail"):  # a K-hop layer (SGConv, TAGConv, APPNP): K fanouts
+            if minfo.get("hop_detail"):  # a multi-hop layer (SGConv K, ChebConv K - 1, ...)
                 raise ValueError(
                     f"{len(fanouts)} fanouts {fanouts} but the model propagates "
-                    f"{minfo['num_layers']} hops ({minfo['hop_detail']} counted as K); give "
+                    f"{minfo['num_layers']} hops ({minfo['hop_detail']}); give "
                     f"{minfo['num_layers']} fanouts, one per hop, with --fanouts{extra}"
                 )
             raise ValueError(
