@@ -1,4 +1,4 @@
-"""First SAGE layer folded into the feature table vs the unfolded gather + model, same batches.
+"""First layer folded into the feature table vs the unfolded gather + model, same batches.
 
 For each batch size, the same sampled subgraphs go through four paths, interleaved in rotated
 order, on the serving engine's thread settings:
@@ -14,6 +14,10 @@ model on the same sampled subgraphs, and the largest logit difference).
 
     .venv/bin/python bench/folded.py --data data/products-like \
         --checkpoint data/products-like/sage.pt
+
+A user's checkpoint (a ``SAGEConv``/``GCNConv``/``GraphConv``/``GINConv``/``GATConv`` first
+layer, see ``quiver.serving.folded``) loads as ``quiver serve`` loads it: add ``--model
+package.module:factory`` where ``quiver serve`` needs it.
 """
 
 from __future__ import annotations
@@ -32,13 +36,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 def main() -> int:
     from _machine import cpu_model
     from quiver.datasets import load_prepared
-    from quiver.models import load_checkpoint
+    from quiver.precision import PrecisionModel
     from quiver.pyg import GraphSageSampler
     from quiver.serving.folded import FoldedFirstLayer
+    from quiver.usermodel import load_served_model
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default="data/products-like")
     ap.add_argument("--checkpoint", default="data/products-like/sage.pt")
+    ap.add_argument("--model", default=None, help="package.module:factory (as quiver serve)")
     ap.add_argument("--batches", default="1,8,32,64,256", help="seeds per batch")
     ap.add_argument("--reps", type=int, default=10, help="batches per size")
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
@@ -48,8 +54,9 @@ def main() -> int:
     torch.set_grad_enabled(False)
     print(f"CPU {cpu_model()}, load average {os.getloadavg()[0]:.2f}")
     ds = load_prepared(args.data)
-    model, ckpt = load_checkpoint(args.checkpoint)
-    fanouts = ckpt.get("fanouts") or ds.manifest.get("fanouts")
+    model, info = load_served_model(args.checkpoint, args.model)
+    fanouts = info["fanouts"] or ds.manifest.get("fanouts")
+    sizes = list(fanouts) + list(fanouts[-1:]) * info["extra_hops"]  # GCN's degree hop
     raw = ds.features
     tables = {"fp32": raw.float(), "bf16": raw.to(torch.bfloat16)}
     t0 = time.perf_counter()
@@ -57,15 +64,16 @@ def main() -> int:
     build = (time.perf_counter() - t0) / 2
     f_bytes = raw.numel() * 4
     print(
-        f"{ds.manifest.get('name')}: {ds.num_nodes:,} nodes, {model.cfg}, fanouts {fanouts}, "
+        f"{ds.manifest.get('name')}: {ds.num_nodes:,} nodes, {info['kind']}, fanouts {sizes}, "
         f"{args.threads} threads; folded tables built in {build:.1f} s each; memory: features "
         f"fp32 {f_bytes / 2**30:.2f} GiB, folded fp32 {folds['fp32'].nbytes / 2**30:.2f} GiB, "
         f"folded bf16 {folds['bf16'].nbytes / 2**30:.2f} GiB"
     )
-    sampler = GraphSageSampler(ds.topo, fanouts, mode="CPU", seed=0)
+    sampler = GraphSageSampler(ds.topo, sizes, mode="CPU", seed=0, frontier=info["frontier"])
+    on_bf16 = PrecisionModel.wrap(model, torch.float32, torch.bfloat16)  # casts the rows
     paths = {
         "gather fp32": lambda n_id, adjs: model(tables["fp32"][n_id], adjs),
-        "gather bf16": lambda n_id, adjs: model(tables["bf16"][n_id], adjs),
+        "gather bf16": lambda n_id, adjs: on_bf16(tables["bf16"][n_id], adjs),
         "folded fp32": lambda n_id, adjs: folds["fp32"].tail(
             *folds["fp32"].gather_layer(n_id, adjs)
         ),
