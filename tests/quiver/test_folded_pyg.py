@@ -6,6 +6,7 @@
 import re
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -393,3 +394,56 @@ def test_bf16_serving_folds_with_a_bf16_model(world, kind):
     assert server.engine.features.dtype == torch.bfloat16 and "model bf16" in server.info
     assert np.isfinite(got).all() and np.isfinite(got_emb).all()
     assert float((got.argmax(1) == want.argmax(1)).mean()) >= 0.95
+
+
+def test_lanes_on_several_threads_keep_their_batches_apart(world):
+    """Each lane runs its own batches through the shared module on its own thread: the folded
+    output its first layer answers with is handed over per thread, so concurrent requests get
+    the same answers as one by one, unfolded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ckpt = _checkpoint(world, "gat")
+    cfg = ServeConfig(max_batch_nodes=N, max_request_nodes=N, num_lanes=3, torch_threads=1)
+    spec = "quiver_fold_factories:net"
+    # all-neighbour fanouts: a node's answer does not depend on its batch's sample
+    with Server.from_dataset(
+        world["data"], ckpt, cfg, seed=0, model=spec, fold="on", fanouts=[-1, -1]
+    ) as server:
+        assert isinstance(server.engine.features, FoldedFirstLayer)
+        # hold each lane between handing over its batch and its first layer reading it, so
+        # the lanes' model steps overlap
+        module = server.engine.model.served.module
+        module.register_forward_pre_hook(lambda *_: time.sleep(0.02))
+        groups = [list(range(i, N, 7)) for i in range(7)]
+        with ThreadPoolExecutor(7) as pool:
+            outs = list(pool.map(lambda g: server.predict(g, output="logits").values, groups * 3))
+    with Server.from_dataset(
+        world["data"],
+        ckpt,
+        ServeConfig(max_batch_nodes=N, max_request_nodes=N),
+        seed=0,
+        model=spec,
+        fold="off",
+        fanouts=[-1, -1],
+    ) as plain:
+        want = np.asarray(plain.predict(list(range(N)), output="logits").values)
+    for g, out in zip(groups * 3, outs):
+        _close(np.asarray(out), want[g])
+
+
+def test_jumping_knowledge_model_on_one_subgraph_folds(world):
+    """``GraphSAGE(jk='cat')`` gets one plain subgraph (``subgraph`` input): its first conv
+    folds, and the concatenation of every layer's output is unchanged."""
+    import torch_geometric.nn as pyg
+
+    torch.manual_seed(0)
+    served = ServedModel(pyg.GraphSAGE(DIM, 16, 2, CLASSES, jk="cat").eval())
+    assert served.convention == "subgraph" and why_not_foldable(served) is None
+    x = world["x"]
+    fold = FoldedFirstLayer(served, x)
+    sampler = GraphSageSampler(world["topo"], FANOUTS, mode="CPU", seed=2, frontier=True)
+    n_id, _, adjs = sampler.sample(torch.arange(0, N, 5))
+    with torch.inference_mode():
+        want = served(x[n_id], adjs)
+        got = fold.tail(*fold.gather_layer(n_id, adjs))
+    _close(got.numpy(), want.numpy())
