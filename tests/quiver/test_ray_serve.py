@@ -248,6 +248,44 @@ def _routed(reply: bytes) -> bool:
 
 
 @pytest.mark.slow
+def test_replicas_answer_trickled_headers_408_within_the_read_timeout(cluster):
+    """Headers sent a byte every 0.1 s: 408 at --read-timeout, as one process answers."""
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(cluster)
+    s = socket.create_connection((parts.hostname, parts.port), timeout=30)
+    head = _predict_head(2)
+    stop = threading.Event()
+
+    def trickle():
+        for i in range(len(head)):
+            if stop.wait(0.1):
+                return
+            try:
+                s.sendall(head[i : i + 1])
+            except OSError:
+                return
+
+    sender = threading.Thread(target=trickle)
+    t0 = time.monotonic()
+    sender.start()
+    try:
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+        took = time.monotonic() - t0
+    finally:
+        stop.set()
+        sender.join(10)
+        s.close()
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:300]
+    assert b"request headers not received within 2 s" in reply
+    assert READ_TIMEOUT_S - 0.1 <= took <= READ_TIMEOUT_S + 3.0, took
+
+
+@pytest.mark.slow
 def test_replicas_answer_413_from_the_declared_length_before_the_body(cluster):
     """50 MB announced, none sent: 413 at once, so the proxy did not wait to read the body."""
     reply, took = _raw_reply(cluster, _predict_head(50 << 20))
@@ -266,10 +304,18 @@ def test_replicas_answer_413_from_the_declared_length_before_the_body(cluster):
 def test_proxy_middlewares_carry_the_serve_bounds(monkeypatch):
     """What Ray's proxy calls: the guard with the bounds run_replicas put in the environment,
     nothing without them."""
+    import uvicorn.config
+
     from quiver.serving import ServeConfig
     from quiver.serving import replicas as r
     from quiver.serving.http import ReadGuard
 
+    # what the callback sets in Ray's proxy process; undone here, so this process's uvicorn
+    # servers keep their protocol
+    monkeypatch.setitem(
+        uvicorn.config.HTTP_PROTOCOLS, "auto", uvicorn.config.HTTP_PROTOCOLS["auto"]
+    )
+    monkeypatch.setattr(r, "_PROXY_PROTOCOL", None)
     for name in (r._MAX_BODY_ENV, r._READ_TIMEOUT_ENV, r._PROXY_CALLBACK_ENV):
         monkeypatch.setenv(name, "")  # recorded, so the test's own settings are undone
         monkeypatch.delenv(name)
@@ -280,6 +326,11 @@ def test_proxy_middlewares_carry_the_serve_bounds(monkeypatch):
     guard = mw.cls(None, *mw.args, **mw.kwargs)
     assert isinstance(guard, ReadGuard)
     assert (guard.max_body_bytes, guard.read_timeout_s) == (1234, 0.75)
+    # the proxy's uvicorn resolves its `auto` protocol to the guarded one
+    from uvicorn.importer import import_from_string
+
+    protocol = import_from_string(uvicorn.config.HTTP_PROTOCOLS["auto"])
+    assert protocol is r._PROXY_PROTOCOL and protocol.__name__ == "GuardedHTTPProtocol"
 
 
 def test_replicas_without_ray_is_one_line_error(trained, monkeypatch, capsys):

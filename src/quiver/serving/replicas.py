@@ -21,7 +21,8 @@ Ray's HTTP proxy reads every request body whole into a queue for the replica, an
 has no read timeout, so :func:`run_replicas` installs ``quiver.serving.http.ReadGuard`` in the
 proxy itself (Ray calls :func:`proxy_middlewares`, named by ``RAY_SERVE_HTTP_PROXY_CALLBACK_
 IMPORT_PATH``, when the proxy starts): a declared ``content-length`` over the limit is answered
-413 before any of the body is read, and a body not all arrived within the read timeout 408. Each
+413 before any of the body is read, and a body not all arrived within the read timeout 408;
+the proxy's uvicorn also gets ``guarded_protocol``'s deadline for the headers. Each
 replica's app is wrapped in the same guard too, which bounds the body again when the proxy was
 started without it (a cluster joined with ``--ray-address`` whose Serve already ran).
 
@@ -298,7 +299,26 @@ def proxy_middlewares() -> list:
     limit, timeout = os.environ.get(_MAX_BODY_ENV), os.environ.get(_READ_TIMEOUT_ENV)
     if limit is None or timeout is None:
         return []
+    _guard_proxy_headers(float(timeout))
     return [Middleware(ReadGuard, max_body_bytes=int(limit), read_timeout_s=float(timeout))]
+
+
+# the proxy's HTTP protocol class (set in the proxy process by _guard_proxy_headers)
+_PROXY_PROTOCOL = None
+
+
+def _guard_proxy_headers(read_timeout_s: float) -> None:
+    """Give the proxy's uvicorn :func:`~quiver.serving.http.guarded_protocol`, so a request's
+    headers too must arrive within ``read_timeout_s`` (ASGI middleware never sees headers
+    that do not finish). Ray builds its uvicorn with the ``auto`` HTTP protocol after calling
+    :func:`proxy_middlewares`, in the proxy's own process, so ``auto`` is pointed here there."""
+    global _PROXY_PROTOCOL
+    import uvicorn.config
+
+    from quiver.serving.http import guarded_protocol
+
+    _PROXY_PROTOCOL = guarded_protocol(read_timeout_s)
+    uvicorn.config.HTTP_PROTOCOLS["auto"] = f"{__name__}:_PROXY_PROTOCOL"
 
 
 def _guard_the_proxy(serve_cfg) -> None:
