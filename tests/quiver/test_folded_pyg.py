@@ -34,6 +34,8 @@ def first_layer(kind, d_in, hidden):
     """``(layer, its output width)`` of each foldable kind and setting under test."""
     if kind == "sage":
         return pyg.SAGEConv(d_in, hidden), hidden
+    if kind == "sage_no_root":
+        return pyg.SAGEConv(d_in, hidden, root_weight=False), hidden
     if kind == "sage_sum_normalize":
         return pyg.SAGEConv(d_in, hidden, aggr="sum", normalize=True), hidden
     if kind == "gcn":
@@ -53,6 +55,8 @@ def first_layer(kind, d_in, hidden):
         return pyg.GINConv(pyg.MLP([d_in, hidden, hidden], norm="batch_norm")), hidden
     if kind == "gat":
         return pyg.GATConv(d_in, hidden // 4, heads=4), hidden
+    if kind == "gat_two_maps":  # lin_src and lin_dst: the attention of x_dst by its own map
+        return pyg.GATConv((d_in, d_in), hidden // 2, heads=2), hidden
     if kind == "gat_mean_residual":
         return pyg.GATConv(d_in, hidden, heads=3, concat=False, residual=True), hidden
     raise ValueError(kind)
@@ -121,6 +125,7 @@ class TwoLayers(nn.Module):
 
 KINDS = [
     "sage",
+    "sage_no_root",
     "sage_sum_normalize",
     "gcn",
     "gcn_unnormalised",
@@ -129,6 +134,7 @@ KINDS = [
     "gin",
     "gin_mlp",
     "gat",
+    "gat_two_maps",
     "gat_mean_residual",
 ]
 
@@ -260,6 +266,7 @@ def test_why_not_foldable_names_the_reason(world):
     for reason, module in cases.items():
         got = _refused(world, module)
         assert got is not None and reason in got and "\n" not in got, (reason, got)
+    assert "no message-passing layer is visible" in _refused(world, torch.nn.Linear(DIM, 4))
     adjs = ServedModel(fac.net("sage", DIM, 16, CLASSES), convention="adjs")
     assert "takes (x, adjs)" in why_not_foldable(adjs)
     # PyG's own GraphSAGE / GCN / GIN / GAT models fold (their first conv takes x)

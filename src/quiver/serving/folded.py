@@ -498,7 +498,11 @@ class _Recipe:
         f32 = lambda t: None if t is None else t.detach().float().clone()  # noqa: E731
         c = conv
         if self.name in ("SAGEConv", "GraphConv"):
-            left, right = (c.lin_l, c.lin_r) if self.name == "SAGEConv" else (c.lin_rel, c.lin_root)
+            left, right = (
+                (c.lin_l, getattr(c, "lin_r", None))
+                if self.name == "SAGEConv"
+                else (c.lin_rel, c.lin_root)
+            )
             root = self.name == "GraphConv" or c.root_weight
             ws = [left.weight] + ([right.weight] if root else [])
             self.weights = [f32(w) for w in ws]
@@ -684,6 +688,8 @@ def _why_not_user(served: nn.Module) -> str | None:
     if served.sequence_aggregation:
         return "it has an LSTM/GRU aggregation (its padded neighbour lists add a row to x)"
     layers = served._layers
+    if not layers:
+        return "no message-passing layer is visible in it (a torch.export program keeps no classes)"
     if len(layers) < 2:
         return "a one-layer model's embedding is the raw features"
     reason = _layer_reason(layers[0])
