@@ -637,7 +637,8 @@ def export_layers(program) -> tuple[int, bool]:
     among the modules already imported; nothing is imported) or it ran an ``aggr_module``
     (what ``MessagePassing.propagate`` calls); the layers counted are those inside no other.
     A layer of a :data:`DEGREE_NORMALISED` class normalises unless every operation traced in
-    it has a stack trace and none of them comes from a ``*norm`` call (``normalize=False``).
+    it has a stack trace and none of them comes from a ``*norm`` call (``normalize=False``;
+    ``ChebConv``'s is ``__norm__``).
     A layer counts one hop per call of its aggregation, so ``SGConv(K=2)`` counts 2.
 
     Returns ``(hops, degrees)``: the hops of all layers (one fanout each); ``(0, False)`` when
@@ -682,7 +683,7 @@ def _export_hops(program) -> tuple[dict[str, int], int, str]:
             continue
         seen = traces.get(path, [])
         traced = bool(seen) and all(seen)
-        if not traced or any("norm(" in t for t in seen):
+        if not traced or any("norm(" in t or "norm__(" in t for t in seen):  # ChebConv: __norm__
             degrees = max(degrees, 2 if cls in OUT_DEGREE_NORMALISED else 1)
     # one hop per propagation: a K-hop layer (SGConv, TAGConv, APPNP) calls its aggregation K
     # times, each call a stack key of its own

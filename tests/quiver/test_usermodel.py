@@ -603,3 +603,26 @@ def test_multi_hop_layer_with_fewer_hops_served_is_not_exact(local_graphs):
             with torch.no_grad():
                 diffs.append(float((served(x[n_id], adjs) - want[::9]).abs().max()))
         assert diffs[0] < 1e-5 < diffs[1], (type(module).__name__, diffs)
+
+
+@pytest.mark.parametrize("name", ["ChebConv", "MixHopConv", "ARMAConv"])
+def test_torch_export_multi_hop_layer_counts_its_hops(local_graphs, tmp_path, name):
+    """An exported multi-hop layer counts one hop per propagation and its degree hops
+    (ChebConv's normalisation is its ``__norm__``: two) and equals its full-graph forward."""
+    import torch_geometric.nn as pyg
+
+    settings, hops, extra, symmetric = MULTI_HOP_MODELS[name]
+    data, x, full_ei = local_graphs[symmetric]
+    torch.manual_seed(0)
+    model = getattr(pyg, name)(x.shape[1], 4, **settings).eval()
+    pt2 = _export(model, x, full_ei, tmp_path / f"{name}.pt2")
+    _, info = load_served_model(pt2)
+    assert info["num_layers"] == hops and info["extra_hops"] == extra
+    n = x.shape[0]
+    cfg = ServeConfig(max_batch_nodes=n, max_request_nodes=n)
+    nodes = list(range(0, n, 23))
+    with Server.from_dataset(data, pt2, cfg, fanouts=[-1] * hops) as server:
+        got = np.stack([server.predict([v], output="logits").values[0] for v in nodes])
+    with torch.no_grad():
+        want = model(x, full_ei).numpy()
+    np.testing.assert_allclose(got, want[nodes], rtol=0, atol=1e-5)
