@@ -87,6 +87,7 @@ __all__ = [
     "OUT_DEGREE_NORMALISED",
     "ServedModel",
     "export_layers",
+    "graph_is_symmetric",
     "import_factory",
     "layer_hops",
     "load_served_model",
@@ -174,6 +175,17 @@ def layer_hops(layer: nn.Module) -> int:
     if name == "ARMAConv" and hasattr(layer, "num_layers"):
         return int(layer.num_layers)
     return 1
+
+
+def graph_is_symmetric(topo) -> bool:
+    """Whether every edge ``u -> v`` of a ``CSRTopo`` has its reverse ``v -> u`` (as often):
+    where an :data:`OUT_DEGREE_NORMALISED` layer's sampled out-degrees are the true ones."""
+    n = int(topo.node_count)
+    dst = torch.repeat_interleave(torch.arange(n), torch.as_tensor(topo.degree))
+    src = torch.as_tensor(topo.indices).long()
+    forward = torch.sort(src * n + dst).values
+    backward = torch.sort(dst * n + src).values
+    return bool(torch.equal(forward, backward))
 
 
 def _hop_setting(layer: nn.Module) -> str:
@@ -267,6 +279,9 @@ class ServedModel(nn.Module):
             ``subgraph``).
         num_layers: the hops the model propagates, one fanout each (0 when unknown): one per
             top-level message-passing layer, a multi-hop one its :func:`layer_hops`.
+        out_degrees: its degree normalisation counts out-degrees
+            (:data:`OUT_DEGREE_NORMALISED`, sampled with two extra hops): its answers equal the
+            full graph's only on a symmetric graph (see :func:`graph_is_symmetric`).
         hop_detail: the layers counted other than one hop (``"SGConv K=2"``, ``"ChebConv
             K=3: 2 hops"``), for messages.
         sequence_aggregation: the module has an LSTM or GRU aggregation
@@ -307,6 +322,9 @@ class ServedModel(nn.Module):
         if extra_hops and not self.frontier:
             raise ValueError("extra hops need the edge_index or subgraph convention")
         self.extra_hops = int(extra_hops)
+        self.out_degrees = self.extra_hops >= 2 and any(
+            type(m).__name__ in OUT_DEGREE_NORMALISED for m in module.modules()
+        )
         self.pass_counts = (
             _accepts_counts(module) if pass_counts is None else bool(pass_counts)
         ) and convention == "edge_index"
@@ -762,6 +780,7 @@ def load_served_model(
             source=f"the torch.export archive {path.name}",
         )
         served.hop_detail = detail
+        served.out_degrees = degrees >= 2 and convention != "adjs"
         return served, _info(served, f"torch.export {path.name}", None)
     try:
         with warnings.catch_warnings():  # e.g. the pickle protocol: the error below says it all
@@ -834,6 +853,7 @@ def _info(served: ServedModel, kind: str, fanouts) -> dict:
         "extra_hops": served.extra_hops,
         "num_layers": served.num_layers,
         "hop_detail": served.hop_detail,
+        "out_degrees": served.out_degrees,
         "convention": served.convention,
     }
 

@@ -626,3 +626,30 @@ def test_torch_export_multi_hop_layer_counts_its_hops(local_graphs, tmp_path, na
     with torch.no_grad():
         want = model(x, full_ei).numpy()
     np.testing.assert_allclose(got, want[nodes], rtol=0, atol=1e-5)
+
+
+def test_chebconv_on_a_directed_graph_says_it_is_not_exact(local_graphs, tmp_path):
+    """ChebConv's Laplacian counts out-degrees, which a sample of in-neighbours holds only on
+    a symmetric graph: on a directed one the start-up line and the log say the answers differ
+    from the full graph (they do), on a symmetric one nothing is said."""
+    from quiver.usermodel import graph_is_symmetric, import_factory, save_model
+
+    spec = "torch_geometric.nn:ChebConv"
+    kwargs = {"in_channels": DIM, "out_channels": 4, "K": 3}
+    torch.manual_seed(0)
+    model = import_factory(spec)(**kwargs).eval()
+    ckpt = tmp_path / "cheb.pt"
+    save_model(ckpt, model, spec, kwargs)
+    assert load_served_model(ckpt, spec)[1]["out_degrees"]
+    for symmetric in (False, True):
+        data, x, full_ei = local_graphs[symmetric]
+        assert graph_is_symmetric(CSRTopo.from_edge_index(full_ei, num_nodes=x.shape[0])) is (
+            symmetric
+        )
+        with Server.from_dataset(data, ckpt, fanouts=[-1, -1], model=spec) as server:
+            said = "sampled exactly only on a symmetric graph" in server.info
+            got = np.stack([server.predict([v], output="logits").values[0] for v in (3, 150)])
+        with torch.no_grad():
+            want = model(x, full_ei).numpy()[[3, 150]]
+        assert said is not symmetric
+        assert (float(np.abs(got - want).max()) < 1e-5) is symmetric

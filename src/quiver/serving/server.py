@@ -176,6 +176,16 @@ class Server:
             most = int(ds.topo.degree.max()) if ds.num_nodes else 0
             net.pad_neighbours = max(most if k < 0 else min(k, most) for k in sizes)
             pad_info = f", neighbour sequences padded to {net.pad_neighbours}"
+        if minfo.get("out_degrees"):
+            from quiver.usermodel import graph_is_symmetric
+
+            if not graph_is_symmetric(ds.topo):  # said, not silent (quiver.usermodel)
+                note = (
+                    "ChebConv's out-degrees are sampled exactly only on a symmetric graph and "
+                    "this one is not: answers differ from the full-graph forward"
+                )
+                pad_info += f", {note}"
+                log.warning("%s: %s", minfo["kind"], note)
         frontier = minfo["frontier"]
         cfg = cfg or ServeConfig()
         if cfg.num_lanes > 0 and sampler_threads is None:
