@@ -277,6 +277,13 @@ def test_why_not_foldable_names_the_reason(world):
         pyg.GAT(DIM, 16, 2, CLASSES, heads=2),
     ):
         assert _refused(world, model) is None, type(model).__name__
+    # the check leaves the module as it was; a fold routes its first layer (and GIN's Linear)
+    served = _served(world, "gin")
+    conv = served.module.conv1
+    assert why_not_foldable(served) is None
+    assert "forward" not in conv.__dict__ and "forward" not in conv.nn[0].__dict__
+    FoldedFirstLayer(served, world["x"])
+    assert "forward" in conv.__dict__ and "forward" in conv.nn[0].__dict__
     with pytest.raises(ValueError, match="cannot fold this model: .*does not take the raw"):
         FoldedFirstLayer(ServedModel(fac.LinearFirst(DIM, 16, CLASSES).eval()), world["x"])
     with pytest.raises(ValueError, match="takes 12 features per node; the dataset has 7"):

@@ -197,9 +197,8 @@ class FoldedFirstLayer:
         if self.sampled:
             self.tail = _tail(model)
         else:
-            _install(conv)
-            if type(conv).__name__ == "GINConv":
-                _install(_first_linear(conv.nn))
+            for m in _installed(conv):
+                _install(m)
             self.tail = _FoldedTail(model, in_dim).eval()
         self.num_nodes, self.hidden = n, hidden
 
@@ -402,6 +401,15 @@ def _install(module: nn.Module) -> None:
     """Route ``module``'s calls through :func:`_intercept` (once; a deep copy keeps it)."""
     if "forward" not in module.__dict__:
         module.forward = types.MethodType(_intercept, module)
+
+
+def _installed(conv: nn.Module) -> list[nn.Module]:
+    """The modules of a first layer whose ``forward`` a fold routes: the layer and, for a
+    ``GINConv``, its MLP's first ``Linear``."""
+    mods = [conv]
+    if type(conv).__name__ == "GINConv":
+        mods.append(_first_linear(conv.nn))
+    return mods
 
 
 def _finish(conv: nn.Module, batch: _Batch) -> Tensor:
@@ -727,6 +735,8 @@ def _probe(served: nn.Module, conv: nn.Module) -> str | None:
         return f"its first message-passing layer to run is not its first {name} ({ran})"
     if not seen[0][1]:
         return f"its first {name} does not take the raw features (the model changes x first)"
+    # the probe's fold leaves a module it does not serve as it was
+    fresh = [m for m in _installed(conv) if "forward" not in m.__dict__]
     try:
         fold = FoldedFirstLayer(served, x, _check=False)
         with torch.inference_mode():
@@ -734,6 +744,9 @@ def _probe(served: nn.Module, conv: nn.Module) -> str | None:
             got = fold.tail(pre, rest)
     except Exception as e:
         return f"its folded {name} fails on a probe sample ({type(e).__name__}: {str(e)[:80]})"
+    finally:
+        for m in fresh:
+            m.__dict__.pop("forward", None)
     scale = max(1.0, float(want.abs().max()))
     if not bool(torch.isfinite(got).all()) or float((got - want).abs().max()) > 1e-4 * scale:
         return f"the model reads its raw features outside its first {name}"
