@@ -417,7 +417,9 @@ def test_lanes_on_several_threads_keep_their_batches_apart(world):
     from concurrent.futures import ThreadPoolExecutor
 
     ckpt = _checkpoint(world, "gat")
-    cfg = ServeConfig(max_batch_nodes=N, max_request_nodes=N, num_lanes=3, torch_threads=1)
+    cfg = ServeConfig(
+        max_batch_nodes=N, max_request_nodes=N, num_lanes=3, torch_threads=1, shed_late=False
+    )  # every request answered, however long the held lanes make it wait
     spec = "quiver_fold_factories:net"
     # all-neighbour fanouts: a node's answer does not depend on its batch's sample
     with Server.from_dataset(
