@@ -24,6 +24,7 @@ COMMAND_MODULES = [
     "quiver.commands.calibrate",
     "quiver.commands.train_model",
     "quiver.commands.serve",
+    "quiver.commands.compact",
     "quiver.commands.bench",
 ]
 

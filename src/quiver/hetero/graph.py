@@ -114,6 +114,8 @@ class HeteroGraph:
     labels: dict[str, torch.Tensor] = field(default_factory=dict)
     manifest: dict = field(default_factory=dict)
     path: Path | None = None
+    #: where the data files are (``path``, or a compaction's generation folder under it)
+    data_path: Path | None = None
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -265,26 +267,38 @@ class HeteroGraph:
         )
 
     # ------------------------------------------------------------------ files
-    def save(self, directory) -> Path:
-        """Write the directory layout of the module docstring (atomically per file)."""
+    def save(self, directory, write_manifest: bool = True) -> Path:
+        """Write the directory layout of the module docstring (atomically per file); with
+        ``write_manifest=False`` only the data files (a compaction's new generation)."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        rels = []
-        for i, (et, r) in enumerate(self.relations.items()):
+        for i, (_, r) in enumerate(self.relations.items()):
             rd = d / f"rel_{i}"
             rd.mkdir(exist_ok=True)
             for name in ("indptr", "indices", "eid"):
                 _save_npy(rd / f"{name}.npy", np.asarray(getattr(r, name), dtype=np.int64))
-            rels.append({"edge_type": list(et), "dir": f"rel_{i}", "edges": r.edge_count})
         for sub, table in (("features", self.features), ("labels", self.labels)):
             if table:
                 (d / sub).mkdir(exist_ok=True)
             for t, a in table.items():
                 _save_npy(d / sub / f"{t}.npy", a.numpy())
-        manifest = {
+        if write_manifest:
+            manifest = self.manifest_for(".")
+            tmp = d / (MANIFEST + ".tmp")
+            tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+            os.replace(tmp, d / MANIFEST)
+            self.manifest = manifest
+            self.path = self.data_path = d
+        return d
+
+    def manifest_for(self, data: str) -> dict:
+        """The manifest describing this graph with its data files under ``data`` (a folder
+        relative to the dataset directory: ``.``, or a compaction's ``gen-<seq>``)."""
+        return {
             **self.manifest,
             "kind": "hetero",
             "format": "quiver.HeteroGraph/1",
+            "data": data,
             "node_types": {
                 t: {
                     "count": n,
@@ -293,14 +307,11 @@ class HeteroGraph:
                 }
                 for t, n in self.num_nodes.items()
             },
-            "relations": rels,
+            "relations": [
+                {"edge_type": list(et), "dir": f"rel_{i}", "edges": r.edge_count}
+                for i, (et, r) in enumerate(self.relations.items())
+            ],
         }
-        tmp = d / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-        os.replace(tmp, d / MANIFEST)
-        self.manifest = manifest
-        self.path = d
-        return d
 
     @classmethod
     def load(cls, directory, mmap: bool = True) -> HeteroGraph:
@@ -320,10 +331,12 @@ class HeteroGraph:
         if manifest.get("kind") != "hetero":
             raise ValueError(f"{d}: not a heterogeneous dataset (manifest kind is not 'hetero')")
         mode = "r" if mmap else None
+        root = d
+        d = root / manifest.get("data", ".")
 
         def load(path: Path, rows: int | None = None) -> np.ndarray:
             if not path.exists():
-                raise ValueError(f"{d}: missing {path.relative_to(d)}")
+                raise ValueError(f"{root}: missing {path.relative_to(root)}")
             a = np.load(path, mmap_mode=mode)
             if rows is not None and a.shape[0] != rows:
                 raise ValueError(f"{path}: {a.shape[0]} rows, the manifest says {rows}")
@@ -344,7 +357,8 @@ class HeteroGraph:
                 feats[t] = _tensor(load(d / "features" / f"{t}.npy", num_nodes[t]))
             if v.get("labels"):
                 labs[t] = _tensor(load(d / "labels" / f"{t}.npy", num_nodes[t]))
-        g = cls(num_nodes, rels, feats, labs, manifest, d)
+        g = cls(num_nodes, rels, feats, labs, manifest, root)
+        g.data_path = d
         return g
 
 

@@ -48,17 +48,27 @@ class HeteroFeatures:
     Args:
         tables: node type -> a ``quiver.Feature`` or a ``[N_t, F_t]`` tensor (types without
             features are left out: their rows are the node ids).
+        live: a :class:`quiver.hetero.updates.LiveGraph`: rows come through its overlays
+            (replaced and new rows), gathered by the sampler under the batch's version.
     """
 
-    def __init__(self, tables: dict):
+    def __init__(self, tables: dict, live=None):
         self.tables = dict(tables)
+        self.live = live
 
-    def __getitem__(self, batch: HeteroBatch) -> HeteroInput:
+    def gather(self, batch: HeteroBatch) -> HeteroInput:
+        """The batch's inputs, read now (a live graph's caller holds its read lock)."""
         x = {}
         for t, ids in batch.node_ids.items():
+            if self.live is not None and t in self.live.features:
+                x[t] = self.live.features[t].gather(ids)
+                continue
             table = self.tables.get(t)
             x[t] = ids if table is None else table[ids]
         return HeteroInput(x, dict(batch.edge_index), batch)
+
+    def __getitem__(self, batch: HeteroBatch) -> HeteroInput:
+        return batch.inputs if batch.inputs is not None else self.gather(batch)
 
     def stats(self) -> dict:
         """Rows served per tier, summed over the types' stores (``quiver.Feature.stats``)."""

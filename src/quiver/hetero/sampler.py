@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from quiver.hetero.graph import HeteroGraph, edge_type_name, parse_edge_type
-from quiver.sampling._cpu_kernel import _sample_rows, stream_key
+from quiver.sampling._cpu_kernel import _row_positions, stream_key
 
 __all__ = ["HeteroBatch", "HeteroSampler", "resolve_fanouts"]
 
@@ -61,13 +61,56 @@ def _relabel(cols, marker, base):  # pragma: no cover - compiled
 
 
 @numba.njit(nogil=True, cache=True)
-def _sample_relation(indptr, indices, eid, targets, k, key):  # pragma: no cover - compiled
-    """Up to ``k`` sources of each target's row: ``(offs [T+1], src ids [S], eids [S])``.
+def _sample_patched(
+    indptr, indices, eid, base_n, p_start, p_deg, p_indices, p_eid, targets, k, key
+):  # pragma: no cover - compiled
+    """Up to ``k`` sources of each target's current row: ``(offs [T+1], src [S], eids [S])``.
 
-    A compiled entry point: the shared row kernel is called from compiled code only (called
-    straight from Python, its cached build crashed numba here).
+    A row is read from the patch buffers when ``p_start[v] >= 0`` (an updated row, see
+    :mod:`quiver.hetero.updates`), else from the base CSR (``v < base_n``), else it is empty (a
+    node added since). Positions are drawn as the homogeneous kernel draws them (same stream,
+    same row index), so an unpatched graph samples exactly what ``_sample_rows`` would.
     """
-    return _sample_rows(indptr, indices, eid, targets, k, key, False)
+    nt = targets.shape[0]
+    starts = np.empty(nt, dtype=np.int64)
+    degs = np.empty(nt, dtype=np.int64)
+    patched = np.zeros(nt, dtype=np.bool_)
+    n_patch = p_start.shape[0]
+    for i in range(nt):
+        t = targets[i]
+        if t < n_patch and p_start[t] >= 0:
+            patched[i] = True
+            starts[i] = p_start[t]
+            degs[i] = p_deg[t]
+        elif t < base_n:
+            starts[i] = indptr[t]
+            degs[i] = indptr[t + 1] - indptr[t]
+        else:
+            starts[i] = 0
+            degs[i] = 0
+    offs = np.empty(nt + 1, dtype=np.int64)
+    offs[0] = 0
+    for i in range(nt):
+        d = degs[i]
+        offs[i + 1] = offs[i] + (d if (k < 0 or d <= k) else k)
+    m = offs[nt]
+    cols = np.empty(m, dtype=np.int64)
+    eids = np.empty(m, dtype=np.int64)
+    for i in range(nt):
+        _row_positions(degs[i], k, key, i, eids, offs[i])
+    for i in range(nt):
+        for e in range(offs[i], offs[i + 1]):
+            p = starts[i] + eids[e]
+            if patched[i]:
+                cols[e] = p_indices[p]
+                eids[e] = p_eid[p]
+            else:
+                cols[e] = indices[p]
+                eids[e] = eid[p]
+    return offs, cols, eids
+
+
+_NO_PATCH = np.zeros(0, dtype=np.int64)
 
 
 def resolve_fanouts(graph: HeteroGraph, fanouts) -> dict[tuple[str, str, str], list[int]]:
@@ -123,6 +166,8 @@ class HeteroBatch:
     edge_ids: dict
     batch_size: dict
     num_sampled_nodes: dict
+    #: the model inputs, when the sampler's caller gathered them under the same version
+    inputs: object = None
 
     @property
     def num_nodes(self) -> int:
@@ -144,28 +189,43 @@ class HeteroSampler:
     Thread-safe: each calling thread keeps its own id-marker arrays (8 bytes per node).
     """
 
-    def __init__(self, graph: HeteroGraph, fanouts, seed: int | None = 0):
+    def __init__(self, graph: HeteroGraph, fanouts, seed: int | None = 0, live=None):
         self.graph = graph
+        #: a :class:`quiver.hetero.updates.LiveGraph` whose current version is sampled (its
+        #: caller holds ``live.reading()`` around a batch)
+        self.live = live
         self.fanouts = resolve_fanouts(graph, fanouts)
         self.num_hops = len(next(iter(self.fanouts.values()))) if self.fanouts else 0
         self.seed = int(np.random.SeedSequence().entropy % (2**63)) if seed is None else seed
         self._calls = itertools.count()
         self._local = threading.local()
-        self._rels = [
-            (
-                et,
+        self._static = {
+            et: (
                 np.ascontiguousarray(r.indptr, dtype=np.int64),
                 np.ascontiguousarray(r.indices, dtype=np.int64),
                 np.ascontiguousarray(r.eid, dtype=np.int64),
-            )
+                int(r.indptr.shape[0] - 1),
+                _NO_PATCH,
+                _NO_PATCH,
+                _NO_PATCH,
+                _NO_PATCH,
+            )  # fmt: skip
             for et, r in graph.relations.items()
-        ]
+        }
+
+    @property
+    def num_nodes(self) -> dict[str, int]:
+        """Node counts of the sampled version (they grow with a live graph's new nodes)."""
+        return self.live.num_nodes if self.live is not None else self.graph.num_nodes
 
     def _markers(self) -> dict[str, np.ndarray]:
         m = getattr(self._local, "markers", None)
         if m is None:
-            m = {t: np.full(n, -1, dtype=np.int64) for t, n in self.graph.num_nodes.items()}
+            m = {t: np.full(n, -1, dtype=np.int64) for t, n in self.num_nodes.items()}
             self._local.markers = m
+        for t, n in self.num_nodes.items():
+            if m[t].shape[0] < n:  # nodes were added: all -1 between batches, so regrow
+                m[t] = np.full(max(n, 2 * m[t].shape[0]), -1, dtype=np.int64)
         return m
 
     def sample(self, seeds) -> HeteroBatch:
@@ -174,43 +234,47 @@ class HeteroSampler:
         Raises:
             ValueError: an unknown node type, ids out of range or repeated.
         """
-        g = self.graph
+        num_nodes = self.num_nodes
         markers = self._markers()
-        node_ids: dict[str, list[np.ndarray]] = {t: [] for t in g.num_nodes}
-        count = dict.fromkeys(g.num_nodes, 0)
+        node_ids: dict[str, list[np.ndarray]] = {t: [] for t in num_nodes}
+        count = dict.fromkeys(num_nodes, 0)
         frontier: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        batch_size = dict.fromkeys(g.num_nodes, 0)
-        arrived = {t: [] for t in g.num_nodes}
+        batch_size = dict.fromkeys(num_nodes, 0)
+        arrived = {t: [] for t in num_nodes}
         try:
             for t, ids in seeds.items():
-                if t not in g.num_nodes:
+                if t not in num_nodes:
                     raise ValueError(
-                        f"unknown node type {t!r}; the graph has {', '.join(g.num_nodes)}"
+                        f"unknown node type {t!r}; the graph has {', '.join(num_nodes)}"
                     )
                 ids = np.ascontiguousarray(torch.as_tensor(ids).numpy(), dtype=np.int64)
-                if ids.size and (ids.min() < 0 or ids.max() >= g.num_nodes[t]):
-                    raise ValueError(f"{t} ids must lie in [0, {g.num_nodes[t]})")
+                if ids.size and (ids.min() < 0 or ids.max() >= num_nodes[t]):
+                    raise ValueError(f"{t} ids must lie in [0, {num_nodes[t]})")
                 local, fresh = _relabel(ids, markers[t], 0)
                 node_ids[t].append(ids)  # before any raise: the finally resets its markers
                 if fresh.size != ids.size:
                     raise ValueError(f"repeated {t} ids in the seeds")
                 count[t] = batch_size[t] = ids.size
                 frontier[t] = (ids, local)
-            edges: dict = {et: [] for et, *_ in self._rels}
+            rels = [
+                (et, self.live.rels[et].arrays() if self.live is not None else arrays)
+                for et, arrays in self._static.items()
+            ]
+            edges: dict = {et: [] for et, _ in rels}
             call = next(self._calls)
-            n_rel = len(self._rels)
-            for t in g.num_nodes:
+            n_rel = len(rels)
+            for t in num_nodes:
                 arrived[t].append(batch_size[t])
             for h in range(self.num_hops):
-                fresh_of: dict[str, list[np.ndarray]] = {t: [] for t in g.num_nodes}
-                for r, (et, indptr, indices, eid) in enumerate(self._rels):
+                fresh_of: dict[str, list[np.ndarray]] = {t: [] for t in num_nodes}
+                for r, (et, arrays) in enumerate(rels):
                     src, _, dst = et
                     k = self.fanouts[et][h]
                     if k == 0 or dst not in frontier or frontier[dst][0].size == 0:
                         continue
                     targets, targets_local = frontier[dst]
                     key = np.uint64(stream_key(self.seed, call, h * n_rel + r))
-                    offs, cols, eids = _sample_relation(indptr, indices, eid, targets, k, key)
+                    offs, cols, eids = _sample_patched(*arrays, targets, k, key)
                     local, fresh = _relabel(cols, markers[src], count[src])
                     count[src] += fresh.size
                     if fresh.size:

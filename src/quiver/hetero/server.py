@@ -14,10 +14,12 @@ Sampling runs on the CPU: the typed sampler has no GPU path yet, so PSGS only si
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from typing import Literal
 
+import numpy as np
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -37,14 +39,25 @@ log = logging.getLogger("quiver.serving")
 
 
 class TypeSampler:
-    """The engine's sampler for one target type: ``sample(seeds) -> (batch, batch_size, [])``."""
+    """The engine's sampler for one target type: ``sample(seeds) -> (batch, batch_size, [])``.
 
-    def __init__(self, sampler: HeteroSampler, node_type: str):
+    With a live graph, sampling and the feature gather run under one read lock, so the batch
+    sees one version of the graph (an update waits for it, it never waits for more than one
+    update's apply)."""
+
+    def __init__(self, sampler: HeteroSampler, node_type: str, features=None, live=None):
         self.sampler = sampler
         self.node_type = node_type
+        self.features = features
+        self.live = live
 
     def sample(self, seeds):
-        batch = self.sampler.sample({self.node_type: seeds})
+        if self.live is None:
+            batch = self.sampler.sample({self.node_type: seeds})
+        else:
+            with self.live.reading():
+                batch = self.sampler.sample({self.node_type: seeds})
+                batch.inputs = self.features.gather(batch)
         return batch, batch.batch_size[self.node_type], []
 
 
@@ -95,6 +108,7 @@ class HeteroServer:
         seed: int | None = None,
         feature_cache: int | str = "1G",
         record: bool = False,
+        updates: bool = True,
     ) -> HeteroServer:
         """Load a hetero dataset directory and a factory checkpoint, build the engines.
 
@@ -111,6 +125,9 @@ class HeteroServer:
             feature_cache: RAM for the hottest feature rows over all types (bytes or "1G");
                 the rest is read from the memory-mapped files.
             record: engines keep every batch (tests).
+            updates: take updates (``POST /v1/update``, :meth:`update`), logged durably to
+                the dataset directory's ``updates.log`` and replayed now; the directory is
+                locked against ``quiver compact`` while served.
 
         Raises:
             ValueError, FileNotFoundError: one line naming the problem.
@@ -119,6 +136,11 @@ class HeteroServer:
 
         cfg = cfg or ServeConfig()
         graph = HeteroGraph.load(dataset_dir)
+        lock = None
+        if updates:
+            from quiver.hetero.updates import dataset_lock
+
+            lock = dataset_lock(dataset_dir)
         manifest = graph.manifest
         if targets is None:
             targets = [manifest["target"]] if manifest.get("target") else list(graph.labels)
@@ -143,7 +165,7 @@ class HeteroServer:
         if not fanouts:
             raise ValueError("no fanouts: pass --fanouts (e.g. 15,10: one per model layer)")
         fanouts = resolve_fanouts(graph, fanouts)
-        sampler = HeteroSampler(graph, fanouts, seed)
+        live = None
         # FAP per type for the first target decides which rows sit in the RAM cache
         budget = parse_bytes(feature_cache, "--feature-cache")
         row_bytes = {t: int(x.shape[1]) * x.element_size() for t, x in graph.features.items()}
@@ -156,21 +178,26 @@ class HeteroServer:
 
                 order = torch.argsort(fap[t], descending=True, stable=True)
                 tables[t] = Feature(order=order, host_cache_size=hot[t] * row_bytes[t]).from_mmap(
-                    str(graph.path / "features" / f"{t}.npy")
+                    str(graph.data_path / "features" / f"{t}.npy")
                 )
             else:
                 tables[t] = x
-        features = HeteroFeatures(tables)
+        if updates:
+            from quiver.hetero.updates import LiveGraph
+
+            live = LiveGraph(graph, tables)  # replays the update log
+        sampler = HeteroSampler(graph, fanouts, seed, live=live)
+        features = HeteroFeatures(tables, live=live)
         probe_node = {targets[0]: torch.zeros(1, dtype=torch.int64)}
         probe = features[sampler.sample(probe_node)] if graph.num_nodes[targets[0]] else None
         module, minfo = load_hetero_model(checkpoint, model, trust_pickle, probe)
         psgs = hetero_psgs(graph, fanouts)
         engines = {
             t: Engine(
-                TypeSampler(sampler, t),
+                TypeSampler(sampler, t, features, live),
                 features,
                 HeteroServedModel(module, t),
-                graph.num_nodes[t],
+                sampler.num_nodes[t],
                 cfg,
                 psgs_table=psgs[t],
                 record=record,
@@ -188,10 +215,43 @@ class HeteroServer:
             + ", ".join(f"{k} {v:.1f}" for k, v in busiest)
             + f"; feature rows cached by FAP: {cached}; sampling on cpu"
         )
+        if live is not None:
+            info += f"; updates on (replayed to seq {live.seq})"
         server = cls(engines, graph, info)
         server.fanouts = fanouts
         server.fap = fap
+        server.live = live
+        server._lock = lock
+        if live is not None:
+            live.listeners.append(server._on_update)
+            for t in engines:  # nodes the replayed log added: PSGS rows for them
+                server._on_update("add_nodes", {"node_type": t})
         return server
+
+    def _on_update(self, op: str, record: dict) -> None:
+        """New nodes are served at once: the engine's id range and PSGS table grow (new rows
+        get the type's mean PSGS until a compaction and restart recompute it)."""
+        if op != "add_nodes":
+            return
+        t = record["node_type"]
+        engine = self.engines.get(t)
+        if engine is None:
+            return
+        n = self.live.num_nodes[t]
+        table = engine.batcher.psgs_table
+        if table is not None and table.shape[0] < n:
+            mean = float(table.mean()) if table.size else 1.0
+            engine.batcher.psgs_table = np.concatenate([table, np.full(n - table.shape[0], mean)])
+        engine.batcher.node_count = engine.node_count = n
+
+    def update(self, record: dict) -> dict:
+        """Apply one update (see :meth:`quiver.hetero.updates.LiveGraph.update`); durable
+        when this returns. Raises ``UpdateError`` (its ``status`` is the HTTP one)."""
+        if self.live is None:
+            from quiver.hetero.updates import UpdateError
+
+            raise UpdateError("this server was started without updates", status=403)
+        return self.live.update(record)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, host: str = "127.0.0.1", port: int | None = None) -> HeteroServer:
@@ -242,6 +302,13 @@ class HeteroServer:
             self.http = None
         for engine in self.engines.values():
             engine.stop()
+        live = getattr(self, "live", None)
+        if live is not None and live.log is not None:
+            live.log.close()
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.close()
+            self._lock = None
 
     def __enter__(self) -> HeteroServer:
         return self.start()
@@ -270,6 +337,26 @@ class HeteroServer:
                     name = f"{name}{{{label}}}"
                 lines.append(f"{name} {rest}")
         return "\n".join(lines) + "\n"
+
+
+async def _read_json(request, limit: int):
+    """``(200, parsed body)`` or ``(status, message)``: 415 not JSON, 413 over ``limit`` (from
+    the declared length before reading, or while reading), 400 malformed."""
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    if ctype not in ("application/json", ""):
+        return 415, f"content-type {ctype!r}: send application/json"
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return 413, f"body of {declared} bytes over the {limit}-byte limit"
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return 413, f"body over the {limit}-byte limit"
+    try:
+        return 200, json.loads(body)
+    except (ValueError, RecursionError) as e:
+        return 400, f"malformed JSON: {e}"
 
 
 def create_hetero_app(server: HeteroServer):
@@ -310,21 +397,9 @@ def create_hetero_app(server: HeteroServer):
     @app.post("/v1/predict")
     async def predict(request: Request):
         """Predict for nodes of one type (see the module docstring)."""
-        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
-        if ctype not in ("application/json", ""):
-            return error(415, f"content-type {ctype!r}: send application/json")
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > cfg.max_body_bytes:
-            return error(413, f"body of {declared} bytes over the {cfg.max_body_bytes}-byte limit")
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > cfg.max_body_bytes:
-                return error(413, f"body over the {cfg.max_body_bytes}-byte limit")
-        try:
-            data = json.loads(body)
-        except (ValueError, RecursionError) as e:
-            return error(400, f"malformed JSON: {e}")
+        status, data = await _read_json(request, cfg.max_body_bytes)
+        if status != 200:
+            return error(status, data)
         try:
             req = HeteroPredictRequest.model_validate(data)
         except ValidationError as e:
@@ -346,6 +421,21 @@ def create_hetero_app(server: HeteroServer):
         if status == 200:
             payload["node_type"] = req.node_type or next(iter(server.engines))
         return JSONResponse(status_code=status, content=payload)
+
+    @app.post("/v1/update")
+    async def update(request: Request):
+        """Apply one update (add_nodes, add_edges, remove_edges, set_features); answered once
+        it is fsynced to the update log and visible to the next batch."""
+        from quiver.hetero.updates import UpdateError
+
+        status, data = await _read_json(request, cfg.max_body_bytes * 16)
+        if status != 200:
+            return error(status, data)
+        try:
+            result = await asyncio.to_thread(server.update, data)
+        except UpdateError as e:
+            return error(e.status, str(e))
+        return JSONResponse(status_code=200, content=result)
 
     @app.get("/healthz")
     async def healthz():

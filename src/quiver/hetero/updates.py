@@ -1,0 +1,569 @@
+"""Updates while serving: new nodes, added and removed edges, replaced feature rows, durable.
+
+:class:`LiveGraph` puts a patch layer over a prepared :class:`HeteroGraph` (whose files stay
+read-only and memory-mapped):
+
+- a destination row touched by an update is rewritten whole into an append-only patch buffer
+  (``p_start[v]``, ``p_deg[v]`` point at it; ``-1`` = the base row), so the sampler reads one
+  row from one of two places (:func:`quiver.hetero.sampler._sample_patched`) and an untouched
+  row costs one extra load; new nodes get ids after the last one and empty rows;
+- a replaced or new feature row lives in an overlay table per type (``over_idx[v]`` -> row).
+
+Consistency: readers (a batch's sampling *and* feature gather) hold the read side of a
+:class:`RWLock`; an update holds the write side only while it applies its (already validated,
+already logged) change, microseconds to a few ms, and waits for the batches in flight to leave
+first. So every batch sees one version and no request waits longer than one batch.
+
+Durability: :class:`UpdateLog` appends each update as one checksummed JSON line to
+``updates.log`` in the dataset directory and fsyncs it *before* the update is applied and
+acknowledged. At start-up the log is replayed (records past the manifest's
+``compacted_seq``); a torn last line (a crash mid-write, never acknowledged) is cut off.
+:func:`compact` folds the log into new CSR and feature files under a fresh generation folder
+and switches the manifest to it atomically (``quiver compact DIR``).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import threading
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from quiver.hetero.graph import MANIFEST, HeteroGraph, edge_type_name, parse_edge_type
+
+__all__ = ["LiveGraph", "RWLock", "UpdateError", "UpdateLog", "compact", "dataset_lock"]
+
+log = logging.getLogger("quiver.serving")
+LOG_FILE = "updates.log"
+LOCK_FILE = ".serving.lock"
+OPS = ("add_nodes", "add_edges", "remove_edges", "set_features")
+
+
+class UpdateError(ValueError):
+    """A bad update (HTTP 4xx): it names the problem and changed nothing."""
+
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
+class RWLock:
+    """Many readers or one writer; a waiting writer blocks new readers (no writer starvation)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._waiting = 0
+
+    def acquire_read(self) -> None:
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+
+    def release_read(self) -> None:
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:
+                self._cond.notify_all()
+
+    def acquire_write(self) -> None:
+        with self._cond:
+            self._waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting -= 1
+            self._writer = True
+
+    def release_write(self) -> None:
+        with self._cond:
+            self._writer = False
+            self._cond.notify_all()
+
+
+class _Read:
+    def __init__(self, lock: RWLock):
+        self.lock = lock
+
+    def __enter__(self):
+        self.lock.acquire_read()
+
+    def __exit__(self, *exc):
+        self.lock.release_read()
+
+
+def dataset_lock(directory):
+    """An exclusive ``flock`` on the dataset directory (held by a serving process), or a
+    ``ValueError`` naming the holder."""
+    path = Path(directory) / LOCK_FILE
+    f = open(path, "a+")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ValueError(
+            f"{directory} is in use by {holder} (a server serving it): stop it first"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return f
+
+
+# ------------------------------------------------------------------------------ the log
+
+
+def _line(record: dict) -> bytes:
+    body = json.dumps(record, separators=(",", ":"))
+    return f"{body}\t{zlib.crc32(body.encode()):08x}\n".encode()
+
+
+class UpdateLog:
+    """The append-only, fsynced update log of a dataset directory (module docstring)."""
+
+    def __init__(self, directory):
+        self.path = Path(directory) / LOG_FILE
+        self._f = None
+
+    def read(self, after: int = 0) -> list[dict]:
+        """Records with ``seq > after``, in order; a torn or corrupt *last* line is cut off the
+        file (it was never acknowledged); a corrupt line before the last is an error."""
+        if not self.path.exists():
+            return []
+        raw = self.path.read_bytes()
+        out, good_end, pos = [], 0, 0
+        lines = raw.split(b"\n")
+        for i, ln in enumerate(lines):
+            end = pos + len(ln) + 1
+            last = i == len(lines) - 1 or all(not x for x in lines[i + 1 :])
+            if not ln:
+                pos = end
+                continue
+            body, _, crc = ln.rpartition(b"\t")
+            ok = end <= len(raw) and crc and f"{zlib.crc32(body):08x}".encode() == crc
+            if not ok:
+                if last:
+                    log.warning("%s: dropping a torn last record (never acknowledged)", self.path)
+                    with open(self.path, "r+b") as f:
+                        f.truncate(good_end)
+                        os.fsync(f.fileno())
+                    break
+                raise ValueError(f"{self.path}: record {i + 1} is corrupt (checksum mismatch)")
+            rec = json.loads(body)
+            if rec["seq"] > after:
+                out.append(rec)
+            good_end = pos = end
+        return out
+
+    def append(self, record: dict) -> None:
+        """Write one record and fsync it (the acknowledgement waits for this)."""
+        if self._f is None:
+            self._f = open(self.path, "ab")  # noqa: SIM115 - kept open while serving
+        self._f.write(_line(record))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+
+# --------------------------------------------------------------------------- live graph
+
+
+def _grow(a: np.ndarray, need: int, fill) -> np.ndarray:
+    if need <= a.shape[0]:
+        return a
+    out = np.full(max(need, 2 * a.shape[0], 16), fill, dtype=a.dtype)
+    out[: a.shape[0]] = a
+    return out
+
+
+class _LiveRelation:
+    """One relation: base CSR arrays plus the patched rows (module docstring)."""
+
+    def __init__(self, rel):
+        self.edge_type = rel.edge_type
+        self.indptr = np.ascontiguousarray(rel.indptr, dtype=np.int64)
+        self.indices = np.ascontiguousarray(rel.indices, dtype=np.int64)
+        self.eid = np.ascontiguousarray(rel.eid, dtype=np.int64)
+        self.base_n = self.indptr.shape[0] - 1
+        self.p_start = np.zeros(0, dtype=np.int64)
+        self.p_deg = np.zeros(0, dtype=np.int64)
+        self.p_indices = np.zeros(0, dtype=np.int64)
+        self.p_eid = np.zeros(0, dtype=np.int64)
+        self.p_used = 0
+        self.next_eid = self.indices.shape[0]
+
+    def row(self, v: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(sources, edge ids)`` of destination ``v`` in the current version."""
+        if v < self.p_start.shape[0] and self.p_start[v] >= 0:
+            s, d = self.p_start[v], self.p_deg[v]
+            return self.p_indices[s : s + d], self.p_eid[s : s + d]
+        if v < self.base_n:
+            s, e = self.indptr[v], self.indptr[v + 1]
+            return self.indices[s:e], self.eid[s:e]
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+
+    def set_rows(self, rows: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
+        """Write new versions of rows (called under the write lock)."""
+        total = sum(r[0].shape[0] for r in rows.values())
+        self.p_indices = _grow(self.p_indices, self.p_used + total, -1)
+        self.p_eid = _grow(self.p_eid, self.p_used + total, -1)
+        top = max(rows) + 1
+        self.p_start = _grow(self.p_start, top, -1)
+        self.p_deg = _grow(self.p_deg, top, 0)
+        for v, (src, eid) in rows.items():
+            n = src.shape[0]
+            self.p_indices[self.p_used : self.p_used + n] = src
+            self.p_eid[self.p_used : self.p_used + n] = eid
+            self.p_start[v] = self.p_used
+            self.p_deg[v] = n
+            self.p_used += n
+
+    def edge_index(self, n_dst: int) -> np.ndarray:
+        """``[2, E]`` (src, dst) of the current version, rows in order (vectorised)."""
+        patched = np.zeros(max(n_dst, self.base_n), dtype=bool)
+        k = min(self.p_start.shape[0], patched.shape[0])
+        patched[:k] = self.p_start[:k] >= 0
+        base_dst = np.repeat(np.arange(self.base_n, dtype=np.int64), np.diff(self.indptr))
+        keep = ~patched[base_dst]
+        vs = np.nonzero(patched)[0]
+        degs = self.p_deg[vs]
+        # positions of every patched row's entries in the patch buffer
+        offs = np.repeat(self.p_start[vs] - np.concatenate([[0], np.cumsum(degs)[:-1]]), degs)
+        pos = offs + np.arange(int(degs.sum()), dtype=np.int64)
+        src = np.concatenate([self.indices[keep], self.p_indices[pos]])
+        dst = np.concatenate([base_dst[keep], np.repeat(vs, degs)])
+        return np.stack([src, dst]).astype(np.int64)
+
+    def arrays(self) -> tuple:
+        return (
+            self.indptr, self.indices, self.eid, self.base_n,
+            self.p_start, self.p_deg, self.p_indices, self.p_eid,
+        )  # fmt: skip
+
+
+class _LiveFeatures:
+    """One type's feature rows: the base table and an overlay of replaced or new rows."""
+
+    def __init__(self, table, base_n: int, width: int, dtype=torch.float32):
+        self.table = table
+        self.base_n = base_n
+        self.width = width
+        self.over_idx = np.zeros(0, dtype=np.int64)
+        self.over_rows = torch.zeros(0, width, dtype=dtype)
+        self.used = 0
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """``[len(ids), F]`` rows of the current version (called under the read lock)."""
+        n = ids.shape[0]
+        over = self.over_idx
+        if over.shape[0] == 0:
+            return self.table[ids]
+        ids_np = ids.numpy()
+        pos = np.full(n, -1, dtype=np.int64)
+        inside = ids_np < over.shape[0]
+        pos[inside] = over[ids_np[inside]]
+        hit = pos >= 0
+        if not hit.any():
+            return self.table[ids]
+        base_ids = ids.clone()
+        base_ids[torch.from_numpy(hit)] = 0 if self.base_n else -1
+        if self.base_n:
+            out = self.table[base_ids].clone()
+        else:
+            out = torch.empty(n, self.width, dtype=self.over_rows.dtype)
+        out[torch.from_numpy(hit)] = self.over_rows[torch.from_numpy(pos[hit])].to(out.dtype)
+        return out
+
+    def set_rows(self, ids: np.ndarray, rows: torch.Tensor) -> None:
+        """Replace or add rows (under the write lock)."""
+        self.over_idx = _grow(self.over_idx, int(ids.max()) + 1, -1)
+        need = self.used + ids.shape[0]
+        if need > self.over_rows.shape[0]:
+            grown = torch.zeros(max(need, 2 * self.over_rows.shape[0], 16), self.width)
+            grown = grown.to(self.over_rows.dtype)
+            grown[: self.used] = self.over_rows[: self.used]
+            self.over_rows = grown
+        for i, v in enumerate(ids.tolist()):
+            slot = self.over_idx[v]
+            if slot < 0:
+                slot = self.used
+                self.used += 1
+                self.over_idx[v] = slot
+            self.over_rows[slot] = rows[i]
+
+
+def _ids(values, what: str) -> np.ndarray:
+    try:
+        a = np.asarray(values, dtype=np.int64).reshape(-1)
+    except (TypeError, ValueError, OverflowError):
+        raise UpdateError(f"{what}: a list of integer ids") from None
+    return a
+
+
+class LiveGraph:
+    """A served :class:`HeteroGraph` that takes updates (module docstring).
+
+    Args:
+        graph: the prepared graph (loaded from its directory for a durable log).
+        tables: node type -> the base feature store (``quiver.Feature`` or tensor).
+        durable: log every update to ``graph.path / updates.log`` and replay it now.
+    """
+
+    def __init__(self, graph: HeteroGraph, tables: dict | None = None, durable: bool = True):
+        self.graph = graph
+        self.lock = RWLock()
+        self._writer = threading.Lock()  # one update at a time, validation to apply
+        self.num_nodes = dict(graph.num_nodes)
+        self.rels = {et: _LiveRelation(r) for et, r in graph.relations.items()}
+        tables = tables if tables is not None else graph.features
+        self.features = {
+            t: _LiveFeatures(tables[t], graph.num_nodes[t], int(graph.features[t].shape[1]))
+            for t in graph.features
+        }
+        self.seq = int(graph.manifest.get("compacted_seq", 0))
+        self.listeners: list = []  # called with (op, record) after each applied update
+        self.compacting = False
+        self.log = UpdateLog(graph.path) if durable and graph.path is not None else None
+        if self.log is not None:
+            for rec in self.log.read(after=self.seq):
+                try:
+                    self._validate(rec)
+                except UpdateError as e:
+                    raise ValueError(f"{self.log.path}: record {rec.get('seq')}: {e}") from None
+                self._apply(rec)
+                self.seq = rec["seq"]
+
+    def reading(self) -> _Read:
+        """``with live.reading():`` one consistent version for a batch's sample and gather."""
+        return _Read(self.lock)
+
+    # ---------------------------------------------------------------- updates
+    def update(self, record: dict) -> dict:
+        """Validate, log (fsync), apply one update; returns what it did (e.g. new ids).
+
+        ``record``: ``{"op": "add_nodes", "node_type": t, "count": n}`` (or ``"features":
+        [[...], ...]`` for a type with features), ``{"op": "add_edges" | "remove_edges",
+        "edge_type": "src__rel__dst", "src": [...], "dst": [...]}``, ``{"op":
+        "set_features", "node_type": t, "ids": [...], "features": [[...], ...]}``.
+
+        Raises:
+            UpdateError: a bad update (unknown op, type or id, wrong feature width, a missing
+                edge to remove, an update during compaction); nothing changed.
+        """
+        if not isinstance(record, dict):
+            raise UpdateError("an update is a JSON object with an 'op'")
+        with self._writer:
+            if self.compacting:
+                raise UpdateError("a compaction is running: retry when it ends", status=409)
+            rec = self._validate(dict(record))
+            rec["seq"] = self.seq + 1
+            if self.log is not None:
+                self.log.append(rec)
+            self.lock.acquire_write()
+            try:
+                result = self._apply(rec)
+                self.seq = rec["seq"]
+            finally:
+                self.lock.release_write()
+            for fn in self.listeners:
+                fn(rec["op"], rec)
+            return {"seq": rec["seq"], **result}
+
+    def _validate(self, rec: dict) -> dict:
+        op = rec.get("op")
+        if op not in OPS:
+            raise UpdateError(f"unknown op {op!r}; one of {', '.join(OPS)}")
+        allowed = {
+            "add_nodes": {"op", "node_type", "count", "features", "seq"},
+            "add_edges": {"op", "edge_type", "src", "dst", "seq"},
+            "remove_edges": {"op", "edge_type", "src", "dst", "seq"},
+            "set_features": {"op", "node_type", "ids", "features", "seq"},
+        }[op]
+        extra = sorted(set(rec) - allowed)
+        if extra:
+            raise UpdateError(f"{op}: unknown field '{extra[0]}'")
+        if op in ("add_nodes", "set_features"):
+            t = rec.get("node_type")
+            if t not in self.num_nodes:
+                raise UpdateError(f"{op}: unknown node type {t!r}")
+            feats = self.features.get(t)
+            rows = rec.get("features")
+            if op == "set_features":
+                ids = _ids(rec.get("ids"), "set_features.ids")
+                if feats is None:
+                    raise UpdateError(f"set_features: node type {t!r} has no features")
+                self._check_ids(ids, t, op)
+                if np.unique(ids).shape[0] != ids.shape[0]:
+                    raise UpdateError("set_features: repeated ids")
+                rec["ids"] = ids.tolist()
+                n = ids.shape[0]
+            else:
+                if feats is not None:
+                    if rows is None:
+                        raise UpdateError(f"add_nodes: {t} nodes need 'features' (one row each)")
+                    n = len(rows) if isinstance(rows, list) else -1
+                else:
+                    if rows is not None:
+                        raise UpdateError(f"add_nodes: node type {t!r} has no features")
+                    n = rec.get("count")
+                    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                        raise UpdateError("add_nodes: 'count' must be a positive integer")
+                    return rec
+            if feats is not None:
+                try:
+                    arr = np.asarray(rows, dtype=np.float32)
+                except (TypeError, ValueError):
+                    raise UpdateError(f"{op}: 'features' must be rows of numbers") from None
+                if arr.ndim != 2 or arr.shape != (n, feats.width) or n < 1:
+                    raise UpdateError(
+                        f"{op}: features of {t!r} must be [{max(n, 1)}, {feats.width}], got "
+                        f"{list(arr.shape)}"
+                    )
+                if not np.isfinite(arr).all():
+                    raise UpdateError(f"{op}: features must be finite numbers")
+            return rec
+        # edges
+        try:
+            et = parse_edge_type(rec.get("edge_type"))
+        except ValueError as e:
+            raise UpdateError(f"{op}: {e}") from None
+        if et not in self.rels:
+            known = ", ".join(edge_type_name(e) for e in self.rels)
+            raise UpdateError(f"{op}: unknown edge type {edge_type_name(et)}; {known}")
+        rec["edge_type"] = edge_type_name(et)
+        src = _ids(rec.get("src"), f"{op}.src")
+        dst = _ids(rec.get("dst"), f"{op}.dst")
+        if src.shape != dst.shape or src.size == 0:
+            raise UpdateError(f"{op}: 'src' and 'dst' must be non-empty and of equal length")
+        self._check_ids(src, et[0], op)
+        self._check_ids(dst, et[2], op)
+        if op == "remove_edges":
+            rel = self.rels[et]
+            for s, d in zip(src.tolist(), dst.tolist(), strict=True):
+                if s not in set(rel.row(d)[0].tolist()):
+                    raise UpdateError(
+                        f"remove_edges: no edge {s} -> {d} in {edge_type_name(et)}", status=404
+                    )
+        rec["src"], rec["dst"] = src.tolist(), dst.tolist()
+        return rec
+
+    def _check_ids(self, ids: np.ndarray, t: str, op: str) -> None:
+        n = self.num_nodes[t]
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            bad = int(ids.max()) if ids.max() >= n else int(ids.min())
+            raise UpdateError(f"{op}: {t} id {bad} is not in [0, {n})", status=404)
+
+    def _apply(self, rec: dict) -> dict:
+        op = rec["op"]
+        if op == "add_nodes":
+            t = rec["node_type"]
+            start = self.num_nodes[t]
+            feats = self.features.get(t)
+            if feats is not None:
+                rows = torch.tensor(rec["features"], dtype=torch.float32)
+                n = rows.shape[0]
+                feats.set_rows(np.arange(start, start + n, dtype=np.int64), rows)
+            else:
+                n = int(rec["count"])
+            self.num_nodes[t] = start + n
+            return {"node_type": t, "ids": list(range(start, start + n))}
+        if op == "set_features":
+            t = rec["node_type"]
+            ids = np.asarray(rec["ids"], dtype=np.int64)
+            self.features[t].set_rows(ids, torch.tensor(rec["features"], dtype=torch.float32))
+            return {"node_type": t, "ids": rec["ids"]}
+        et = parse_edge_type(rec["edge_type"])
+        rel = self.rels[et]
+        src = np.asarray(rec["src"], dtype=np.int64)
+        dst = np.asarray(rec["dst"], dtype=np.int64)
+        rows = {}
+        for d in np.unique(dst).tolist():
+            cur_src, cur_eid = rel.row(d)
+            mine = src[dst == d]
+            if op == "add_edges":
+                new_eid = np.arange(rel.next_eid, rel.next_eid + mine.shape[0], dtype=np.int64)
+                rel.next_eid += mine.shape[0]
+                rows[d] = (np.concatenate([cur_src, mine]), np.concatenate([cur_eid, new_eid]))
+            else:
+                keep = ~np.isin(cur_src, mine)
+                rows[d] = (cur_src[keep].copy(), cur_eid[keep].copy())
+        rel.set_rows(rows)
+        return {"edge_type": rec["edge_type"], "edges": int(src.shape[0])}
+
+    # ---------------------------------------------------------------- views
+    def materialise(self) -> HeteroGraph:
+        """The current version as a plain :class:`HeteroGraph` (features in RAM)."""
+        edges = {et: rel.edge_index(self.num_nodes[et[2]]) for et, rel in self.rels.items()}
+        feats = {t: f.gather(torch.arange(self.num_nodes[t])) for t, f in self.features.items()}
+        labels = {}
+        for t, y in self.graph.labels.items():
+            extra = self.num_nodes[t] - y.shape[0]
+            labels[t] = torch.cat([y, torch.full((extra,), -1, dtype=y.dtype)]) if extra else y
+        manifest = {k: v for k, v in self.graph.manifest.items() if k not in ("node_types",)}
+        return HeteroGraph.from_edges(self.num_nodes, edges, feats, labels, manifest)
+
+
+def compact(directory) -> tuple[int, int]:
+    """Fold ``updates.log`` into new files (a new generation folder) and switch the manifest to
+    them atomically; returns ``(records folded, seq)``. Refuses while a server holds the
+    directory."""
+    d = Path(directory)
+    lock = dataset_lock(d)
+    try:
+        graph = HeteroGraph.load(d)
+        live = LiveGraph(graph)
+        pending = live.seq - int(graph.manifest.get("compacted_seq", 0))
+        if pending == 0:
+            return 0, live.seq
+        new = live.materialise()
+        gen = f"gen-{live.seq}"
+        tmp = d / f".{gen}.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        new.manifest = {**new.manifest, "compacted_seq": live.seq}
+        new.save(tmp, write_manifest=False)
+        _fsync_tree(tmp)
+        os.replace(tmp, d / gen)
+        old_data = graph.manifest.get("data", ".")
+        manifest = new.manifest_for(gen)
+        mtmp = d / (MANIFEST + ".tmp")
+        mtmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        with open(mtmp) as f:
+            os.fsync(f.fileno())
+        os.replace(mtmp, d / MANIFEST)  # the commit point
+        live.log.close()
+        keep = [_line(r) for r in UpdateLog(d).read(after=live.seq)]
+        ltmp = d / (LOG_FILE + ".tmp")
+        ltmp.write_bytes(b"".join(keep))
+        os.replace(ltmp, d / LOG_FILE)
+        if old_data == ".":
+            for p in list(d.glob("rel_*")) + [d / "features", d / "labels"]:
+                if p.exists():
+                    shutil.rmtree(p)
+        elif (d / old_data).exists() and old_data != gen:
+            shutil.rmtree(d / old_data)
+        return pending, live.seq
+    finally:
+        lock.close()
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in root.rglob("*"):
+        if p.is_file():
+            with open(p, "rb") as f:
+                os.fsync(f.fileno())
