@@ -35,6 +35,17 @@ expanded, so it gets two extra hops (:data:`OUT_DEGREE_NORMALISED`), and its ans
 full graph's only where every out-neighbour is also an in-neighbour (a symmetric graph, as
 ChebConv expects): an out-edge to a node that does not reach the seeds is never sampled.
 
+Edge features: a module whose ``forward`` has an ``edge_attr`` parameter (``forward(x,
+edge_index, edge_attr)``; PyG's ``GINEConv``, ``GATConv(edge_dim=...)``, ``TransformerConv``,
+``NNConv``) gets the sampled edges' rows of the dataset's ``edge_features.npy`` once the server
+hands them over (:meth:`ServedModel.use_edge_features`): ``edge_features[e_id]`` of every hop,
+in the order of the ``edge_index`` it is given (``edge_index``/``subgraph``: one ``[E_s, D]``
+tensor, innermost hop first; the phantom node's padding edges get zero rows). An ``"adjs"``
+module gets ``edge_attr`` as a list of ``[E_h, D]`` tensors, one per hop, aligned with ``adjs``.
+The rows are cast to the input's dtype and device. A required ``edge_attr`` without edge
+features is refused by the server in one line; an optional one (``edge_attr=None``) is simply
+not passed.
+
 Multi-hop layers count their receptive field, one fanout per hop (:func:`layer_hops`):
 ``SGConv``/``SSGConv``/``TAGConv``/``APPNP`` ``K``, ``ChebConv`` ``K - 1``, ``MixHopConv``
 ``max(powers)``, ``ARMAConv`` ``num_layers``.
@@ -242,6 +253,36 @@ def _convention_of(module: nn.Module) -> str:
     return "edge_index"
 
 
+def _edge_attr_param(module: nn.Module) -> tuple[bool, bool]:
+    """``(takes, requires)``: whether ``forward`` has an ``edge_attr`` parameter, and whether
+    it has no default."""
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False, False
+    p = params.get("edge_attr")
+    if p is None:
+        return False, False
+    return True, p.default is inspect.Parameter.empty
+
+
+class _EdgeTable:
+    """The dataset's ``[E_in, D]`` edge features (often a memory map), shared, never copied:
+    ``copy.deepcopy`` of a model (bf16 weights, see ``quiver.precision``) keeps the same table."""
+
+    def __init__(self, table: Tensor):
+        self.table = table
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def gather(self, e_id: Tensor, like: Tensor) -> Tensor:
+        """``(len(e_id), D)`` rows of the edges ``e_id``, in ``like``'s float dtype and device."""
+        rows = self.table[e_id.cpu()]
+        dtype = like.dtype if like.dtype.is_floating_point else torch.float32
+        return rows.to(device=like.device, dtype=dtype)
+
+
 def _accepts_counts(module: nn.Module) -> bool:
     try:
         params = inspect.signature(module.forward).parameters
@@ -330,6 +371,8 @@ class ServedModel(nn.Module):
         ) and convention == "edge_index"
         self.sequence_aggregation = self.frontier and _has_sequence_aggregation(module)
         self.pad_neighbours = 0
+        self.takes_edge_attr, self.needs_edge_attr = _edge_attr_param(module)
+        self._edges: _EdgeTable | None = None
         self._layers = message_passing_layers(module)
         if num_layers is None:
             self.num_layers = sum(layer_hops(m) for m in self._layers)
@@ -346,6 +389,41 @@ class ServedModel(nn.Module):
         self._caught: Tensor | None = None
         for layer in self._layers:
             layer.register_forward_pre_hook(self._catch_input, with_kwargs=True)
+
+    def use_edge_features(self, table: Tensor | None) -> None:
+        """Pass ``table[e_id]`` of the sampled edges as ``edge_attr`` (see the module docstring).
+
+        Args:
+            table: ``[E_in, D]`` edge features indexed by the sampler's edge ids (the input
+                order of the edge list, ``CSRTopo.eid``), or None to pass none.
+
+        Raises:
+            ValueError: the module's forward takes no ``edge_attr``, or ``table`` is not 2-D.
+        """
+        if table is None:
+            self._edges = None
+            return
+        if not self.takes_edge_attr:
+            raise ValueError(f"{self.source}: its forward takes no edge_attr")
+        if table.dim() != 2:
+            raise ValueError(f"edge features must be [E, D], got shape {list(table.shape)}")
+        self._edges = _EdgeTable(table)
+
+    @property
+    def edge_features(self) -> Tensor | None:
+        """The ``[E_in, D]`` edge feature table passed from, or None."""
+        return None if self._edges is None else self._edges.table
+
+    def _edge_attr(self, x: Tensor, adjs) -> list[Tensor] | None:
+        """Per hop (``adjs``' order) the sampled edges' feature rows, or None."""
+        if self._edges is None:
+            if self.needs_edge_attr:
+                raise ValueError(
+                    f"{self.source}: its forward needs edge_attr, but the dataset has no edge "
+                    "features (edge_features.npy)"
+                )
+            return None
+        return [self._edges.gather(a[1], x) for a in adjs]
 
     def _catch_input(self, layer, args, kwargs):
         if self._catch:
@@ -368,14 +446,21 @@ class ServedModel(nn.Module):
     def _inputs(self, x: Tensor, adjs) -> tuple[tuple, dict, int]:
         """``(args, kwargs, batch_size)`` for the module's forward."""
         batch_size = int(adjs[-1][2][1]) if adjs else x.shape[0]
+        per_hop = self._edge_attr(x, adjs) if self.takes_edge_attr else None
         if self.convention == "adjs":
-            return (x, adjs), {}, batch_size
+            return (x, adjs), ({} if per_hop is None else {"edge_attr": per_hop}), batch_size
         hops = list(reversed(adjs))  # innermost (the seeds' in-edges) first, as NeighborLoader
         edge_index = (
             torch.cat([h[0] for h in hops], dim=1)
             if hops
             else torch.empty(2, 0, dtype=torch.long, device=x.device)
         )
+        kwargs = {}
+        if per_hop is not None:
+            dim = self._edges.table.shape[1]
+            kwargs["edge_attr"] = (
+                torch.cat(per_hop[::-1]) if per_hop else x.new_zeros(0, dim)
+            )  # (E_s, D), in edge_index's order
         if self.pad_neighbours:
             # a phantom node after the sampled ones with pad_neighbours in-edges from itself:
             # every sequence aggregation pads to that length, whatever the batch; its edges come
@@ -383,15 +468,17 @@ class ServedModel(nn.Module):
             p = x.shape[0]
             x = torch.cat([x, x.new_zeros(1, x.shape[1])])
             loop = torch.full((2, self.pad_neighbours), p, dtype=torch.long, device=x.device)
-            return (x, torch.cat([edge_index, loop], dim=1)), {}, batch_size
-        kwargs = {}
+            if "edge_attr" in kwargs:
+                ea = kwargs["edge_attr"]
+                pad = ea.new_zeros(self.pad_neighbours, ea.shape[1])
+                kwargs["edge_attr"] = torch.cat([ea, pad])
+            return (x, torch.cat([edge_index, loop], dim=1)), kwargs, batch_size
         if self.pass_counts:
             totals = [batch_size] + [int(h[2][0]) for h in hops]
-            kwargs = {
-                "num_sampled_nodes_per_hop": [totals[0]]
-                + [b - a for a, b in zip(totals[:-1], totals[1:])],
-                "num_sampled_edges_per_hop": [int(h[0].shape[1]) for h in hops],
-            }
+            kwargs["num_sampled_nodes_per_hop"] = [totals[0]] + [
+                b - a for a, b in zip(totals[:-1], totals[1:])
+            ]
+            kwargs["num_sampled_edges_per_hop"] = [int(h[0].shape[1]) for h in hops]
         return (x, edge_index), kwargs, batch_size
 
     # ---- engine interface --------------------------------------------------------------------

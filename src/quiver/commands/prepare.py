@@ -1,8 +1,14 @@
 """``quiver prepare``: write a prepared dataset directory (``manifest.json`` + ``.npy`` arrays).
 
 Sources: a synthetic preset (``--dataset products-like``), an OGB node-property directory
-(``--from-ogb DIR``) or an edge list (``--edges FILE``, optionally with ``--features`` and
-``--labels`` ``.npy`` files).
+(``--from-ogb DIR``, with ``raw/edge-feat.csv.gz`` when it has one) or an edge list
+(``--edges FILE``, optionally with ``--features``, ``--labels`` and ``--edge-features``
+``.npy`` files).
+
+Edge features (``--edge-features FILE.npy``, ``[E, D]``, one row per edge of ``--edges`` in
+its order) are stored as ``edge_features.npy`` beside the CSR, in that input order (the CSR's
+``eid.npy`` maps each slot to its row); with ``--undirected`` the added reverse of an edge
+carries the same row.
 
 Splits of an edge list: ``--train/--valid/--test FILE.npy`` (node ids, or boolean masks of
 length N), or ``--split 0.8,0.1,0.1``: a seeded (``--seed``) random split of the labelled
@@ -53,6 +59,12 @@ def register(sub) -> None:
     )
     p.add_argument("--features", metavar="FILE", help="[N, F] .npy features for --edges")
     p.add_argument("--labels", metavar="FILE", help="[N] .npy integer labels for --edges")
+    p.add_argument(
+        "--edge-features",
+        metavar="FILE",
+        help="[E, D] .npy edge features for --edges, one row per edge in the file's order (a "
+        "reverse edge added by --undirected carries its edge's row)",
+    )
     p.add_argument(
         "--split",
         metavar="TRAIN,VALID,TEST",
@@ -184,6 +196,11 @@ def run(args: argparse.Namespace) -> int:
         return _run_hetero(args, out)
     if not args.edges and (args.split or any(getattr(args, k) for k in SPLIT_NAMES)):
         raise ValueError("--split and --train/--valid/--test apply to --edges sources only")
+    if not args.edges and getattr(args, "edge_features", None):
+        raise ValueError(
+            "--edge-features applies to --edges sources only (an OGB directory brings "
+            "raw/edge-feat.csv.gz)"
+        )
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} exists and is not a directory")
     t0 = time.perf_counter()
@@ -216,6 +233,22 @@ def run(args: argparse.Namespace) -> int:
                     raise ValueError(f"{what} has {rows.shape[0]} rows but {origin} {verb} {n}")
             topo = datasets.load_edge_list(args.edges, n, args.undirected, num_nodes_from=origin)
             n = topo.node_count
+            efeats = None
+            if args.edge_features:
+                efeats = _load_npy(args.edge_features, "edge features")
+                if efeats.ndim == 1:
+                    efeats = efeats.reshape(-1, 1)
+                num_input = topo.edge_count // (2 if args.undirected else 1)
+                if efeats.ndim != 2 or not np.issubdtype(efeats.dtype, np.number):
+                    raise ValueError(
+                        f"--edge-features {args.edge_features} has shape {list(efeats.shape)} "
+                        f"{efeats.dtype}, expected [E, D] numbers"
+                    )
+                if efeats.shape[0] != num_input:
+                    raise ValueError(
+                        f"--edge-features {args.edge_features} has {efeats.shape[0]} rows but "
+                        f"--edges {args.edges} has {num_input} edges"
+                    )
             if feats is None:
                 feats = np.zeros((n, 0), np.float32)
             if labels is None:
@@ -229,10 +262,19 @@ def run(args: argparse.Namespace) -> int:
                     "name": Path(args.edges).stem,
                     "source": {"kind": "edge-list", "path": str(args.edges)},
                 },
+                edge_features=efeats,
             )
         manifest = dict(ds.manifest)
         manifest["source"] = {**manifest.get("source", {}), "undirected": args.undirected}
-        datasets.save_prepared(out, ds.topo, ds.features, ds.labels, ds.splits, manifest)
+        datasets.save_prepared(
+            out,
+            ds.topo,
+            ds.features,
+            ds.labels,
+            ds.splits,
+            manifest,
+            edge_features=ds.edge_features,
+        )
         ds = datasets.load_prepared(out)
     if args.feature_dtype == "bf16":
         datasets.convert_features(out, "bfloat16")
@@ -246,6 +288,9 @@ def run(args: argparse.Namespace) -> int:
         f"{m['num_classes']} classes "
         f"({time.perf_counter() - t0:.1f} s)"
     )
+    if m.get("edge_features"):
+        ef = m["edge_features"]
+        print(f"edge features: {ef['rows']:,} rows x {ef['dim']} float32 ({ef['file']})")
     sizes = m.get("split_sizes", {})
     if sizes:
         print("splits: " + ", ".join(f"{k} {v:,}" for k, v in sizes.items()))
@@ -262,10 +307,10 @@ def _run_hetero(args: argparse.Namespace, out) -> int:
 
     from quiver.hetero.prepare import load_source
 
-    if args.features or args.labels or args.split or args.num_nodes:
+    if args.features or args.labels or args.split or args.num_nodes or args.edge_features:
         raise ValueError(
-            "--features/--labels/--split/--num-nodes apply to --edges; a --hetero directory "
-            "holds TYPE.features.npy, TYPE.labels.npy and nodes.json"
+            "--features/--labels/--edge-features/--split/--num-nodes apply to --edges; a "
+            "--hetero directory holds TYPE.features.npy, TYPE.labels.npy and nodes.json"
         )
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"--out {out} exists and is not a directory")

@@ -89,7 +89,11 @@ def _edges_to_topo(
     num_nodes_from: str = "num_nodes",
 ):
     """``[E, 2]`` (src, dst) rows -> CSRTopo, with range checks naming ``name`` (and where the
-    node count came from, ``num_nodes_from``)."""
+    node count came from, ``num_nodes_from``).
+
+    ``eid[j]`` is the input row of the edge at CSR slot ``j``; with ``undirected`` the reverse
+    of row ``i`` is added and has ``eid == i`` too, so it reads its forward edge's features.
+    """
     if edges.ndim != 2 or edges.shape[1] != 2:
         raise ValueError(f"{name}: expected 2 columns (source, target), got shape {edges.shape}")
     if edges.size:
@@ -103,9 +107,13 @@ def _edges_to_topo(
                 f"{name}: row {row} holds node id {hi} >= {num_nodes_from} ({num_nodes})"
             )
     ei = np.ascontiguousarray(edges.T)
+    num_input = ei.shape[1]
     if undirected:
         ei = np.concatenate([ei, ei[::-1]], axis=1)
-    return CSRTopo.from_edge_index(ei, num_nodes=num_nodes)
+    topo = CSRTopo.from_edge_index(ei, num_nodes=num_nodes)
+    if undirected and num_input:
+        topo.eid.remainder_(num_input)  # the reverse of input row i is edge i + E: row i
+    return topo
 
 
 def load_edge_list(
@@ -160,6 +168,7 @@ def load_ogb(directory, undirected: bool = False, progress: bool = False) -> Pre
 
     Reads ``raw/edge.csv.gz`` (one ``src,dst`` per row), ``raw/num-node-list.csv.gz`` (if
     present), ``raw/node-feat.csv.gz``, ``raw/node-label.csv.gz`` (``nan`` = unlabelled -> -1),
+    ``raw/edge-feat.csv.gz`` (if present: one row of edge features per row of ``edge.csv.gz``),
     and ``split/<scheme>/{train,valid,test}.csv.gz``. Uncompressed ``.csv`` files work too.
 
     Args:
@@ -209,6 +218,19 @@ def load_ogb(directory, undirected: bool = False, progress: bool = False) -> Pre
         raise ValueError(f"node-label.csv.gz: expected 1 column, got {labels_f.shape[1]}")
     labels = np.where(np.isnan(labels_f[:, 0]), -1, labels_f[:, 0]).astype(np.int64)
     topo = _edges_to_topo(edges, num_nodes, undirected, "edge.csv.gz")
+    edge_features = None
+    try:
+        ef_path = _ogb_file(root, "raw", "edge-feat.csv.gz")
+    except FileNotFoundError:
+        ef_path = None
+    if ef_path is not None:
+        edge_features = read(ef_path, np.float32, "edge features")
+        if edge_features.shape[0] != edges.shape[0]:
+            raise ValueError(
+                f"edge-feat.csv.gz has {edge_features.shape[0]} rows but edge.csv.gz has "
+                f"{edges.shape[0]} edges"
+            )
+        edge_features = torch.from_numpy(edge_features)
     split_root = root / "split"
     schemes = sorted(p for p in split_root.iterdir() if p.is_dir()) if split_root.is_dir() else []
     if not schemes:
@@ -229,15 +251,30 @@ def load_ogb(directory, undirected: bool = False, progress: bool = False) -> Pre
         },
     }
     return PreparedDataset(
-        topo, torch.from_numpy(feats), torch.from_numpy(labels), splits, manifest
+        topo,
+        torch.from_numpy(feats),
+        torch.from_numpy(labels),
+        splits,
+        manifest,
+        edge_features=edge_features,
     )
 
 
 def from_pyg(data, name: str = "pyg") -> PreparedDataset:
-    """Wrap a ``torch_geometric.data.Data`` (``edge_index``, optional ``x``, ``y`` and
+    """Wrap a ``torch_geometric.data.Data`` (``edge_index``, optional ``x``, ``y``,
+    ``edge_attr`` (``[E]`` or ``[E, D]``, in ``edge_index``'s order) and
     ``train_mask``/``val_mask``/``test_mask``)."""
     topo = CSRTopo.from_pyg(data)
     n = topo.node_count
+    edge_attr = getattr(data, "edge_attr", None)
+    if edge_attr is not None:
+        edge_attr = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
+        if edge_attr.dim() != 2 or edge_attr.size(0) != topo.edge_count:
+            raise ValueError(
+                f"data.edge_attr has {edge_attr.size(0)} rows but data.edge_index has "
+                f"{topo.edge_count} edges"
+            )
+        edge_attr = edge_attr.float()
     x = data.x if getattr(data, "x", None) is not None else torch.zeros(n, 0)
     if x.size(0) != n:
         raise ValueError(f"data.x has {x.size(0)} rows but the graph has {n} nodes")
@@ -251,4 +288,5 @@ def from_pyg(data, name: str = "pyg") -> PreparedDataset:
         splits[name] = (
             mask.nonzero().view(-1) if mask is not None else torch.empty(0, dtype=torch.long)
         )
-    return PreparedDataset(topo, x.float(), y, splits, {"name": name, "source": {"kind": "pyg"}})
+    manifest = {"name": name, "source": {"kind": "pyg"}}
+    return PreparedDataset(topo, x.float(), y, splits, manifest, edge_features=edge_attr)

@@ -8,6 +8,9 @@ Layout::
                          (manifest ``dtypes.features == "bfloat16"``; numpy has no bfloat16)
     labels.npy           [N] int64 (-1 = unlabelled)
     split/train.npy split/valid.npy split/test.npy     int64 node ids
+    [edge_features.npy]  [E_in, D] float32 edge features, in the INPUT edge list's order: CSR
+                         slot j reads row eid[j] (eid.npy is then required); a reverse edge
+                         added by ``--undirected`` shares its forward edge's row
 
 Other tools add their own keys to the manifest (PSGS/FAP tables, calibration) with
 :func:`update_manifest`.
@@ -25,6 +28,7 @@ import torch
 from quiver.graph import CSRTopo
 
 __all__ = [
+    "EDGE_FEATURES",
     "FEATURE_DTYPES",
     "MANIFEST",
     "PreparedDataset",
@@ -37,6 +41,8 @@ __all__ = [
 ]
 
 MANIFEST = "manifest.json"
+#: the edge feature file of a prepared directory (optional)
+EDGE_FEATURES = "edge_features.npy"
 SPLITS = ("train", "valid", "test")
 #: on-disk feature dtypes (manifest ``dtypes.features``): name -> torch dtype
 FEATURE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -54,6 +60,9 @@ class PreparedDataset:
         splits: ``{"train", "valid", "test"}`` -> int64 node ids.
         manifest: the metadata (``manifest.json``).
         path: the directory it was loaded from, if any.
+        edge_features: optional ``[E_in, D]`` float32 edge features in the input edge order:
+            the edge at CSR slot ``j`` has row ``topo.eid[j]`` (memory-mapped when loaded with
+            ``mmap=True``); ``None`` when the dataset has none.
     """
 
     topo: CSRTopo
@@ -62,6 +71,7 @@ class PreparedDataset:
     splits: dict[str, torch.Tensor]
     manifest: dict = field(default_factory=dict)
     path: Path | None = None
+    edge_features: torch.Tensor | None = None
 
     @property
     def num_nodes(self) -> int:
@@ -128,6 +138,7 @@ def save_prepared(
     splits: dict,
     manifest: dict,
     in_place: tuple[str, ...] = (),
+    edge_features=None,
 ) -> Path:
     """Write a prepared dataset directory and its manifest.
 
@@ -140,6 +151,9 @@ def save_prepared(
         manifest: extra metadata merged into the generated manifest.
         in_place: arrays (``"indices"``, ``"features"``) already written to their ``.npy``
             files in ``directory`` through memory maps; they are flushed, not rewritten.
+        edge_features: optional ``[E_in, D]`` float edge features in the input edge order
+            (row ``topo.eid[j]`` belongs to CSR slot ``j``); written as ``edge_features.npy``
+            (float32). Needs ``topo.eid``.
     """
     d = Path(directory)
     (d / "split").mkdir(parents=True, exist_ok=True)
@@ -170,6 +184,25 @@ def save_prepared(
         ids = ids.numpy() if isinstance(ids, torch.Tensor) else np.asarray(ids, dtype=np.int64)
         np.save(d / "split" / f"{name}.npy", ids.astype(np.int64, copy=False))
         split_sizes[name] = int(ids.size)
+    efeat_entry = None
+    if edge_features is not None:
+        ef = edge_features.numpy() if isinstance(edge_features, torch.Tensor) else edge_features
+        ef = np.asarray(ef)
+        if ef.ndim == 1:
+            ef = ef.reshape(-1, 1)
+        if ef.ndim != 2:
+            raise ValueError(f"edge features have shape {list(ef.shape)}, expected [E, D]")
+        if topo.eid is None:
+            raise ValueError("edge features need the topology's eid (CSR slot -> input edge)")
+        top = int(topo.eid.max()) + 1 if topo.edge_count else 0
+        if ef.shape[0] < top:
+            raise ValueError(
+                f"edge features have {ef.shape[0]} rows but the edge list has {top} edges"
+            )
+        np.save(d / EDGE_FEATURES, np.ascontiguousarray(ef, dtype=np.float32))
+        efeat_entry = {"file": EDGE_FEATURES, "rows": int(ef.shape[0]), "dim": int(ef.shape[1])}
+    elif (d / EDGE_FEATURES).exists():
+        (d / EDGE_FEATURES).unlink()
     labelled = labs[labs >= 0]
     full = {
         "format": "quiver.prepared/1",
@@ -182,6 +215,9 @@ def save_prepared(
         "degree": degree_stats(topo.indptr.numpy()),
         "fanouts": [15, 10, 5],
     }
+    if efeat_entry is not None:
+        full["edge_features"] = efeat_entry
+        full["dtypes"]["edge_features"] = "float32"
     full.update(manifest)
     (d / MANIFEST).write_text(json.dumps(full, indent=2, default=_json_default) + "\n")
     return d
@@ -217,13 +253,31 @@ def load_prepared(directory, mmap: bool = True) -> PreparedDataset:
             )
         features = features.view(torch.bfloat16)
     labels = torch.from_numpy(np.load(d / "labels.npy"))
+    edge_features = None
+    if (d / EDGE_FEATURES).exists():
+        if topo.eid is None:
+            raise ValueError(
+                f"{d / EDGE_FEATURES} needs {d / 'eid.npy'} (CSR slot -> input edge), which is "
+                "missing; prepare the dataset again"
+            )
+        ef = np.load(d / EDGE_FEATURES, mmap_mode="c" if mmap else None)
+        if ef.ndim != 2 or ef.dtype != np.float32:
+            raise ValueError(
+                f"{d / EDGE_FEATURES} holds {list(ef.shape)} {ef.dtype}, expected [E, D] float32"
+            )
+        want = (manifest.get("edge_features") or {}).get("rows")
+        if want is not None and ef.shape[0] != want:
+            raise ValueError(
+                f"{d / EDGE_FEATURES} has {ef.shape[0]} rows but the manifest says {want}"
+            )
+        edge_features = torch.from_numpy(ef)
     splits = {}
     for name in SPLITS:
         p = d / "split" / f"{name}.npy"
         splits[name] = (
             torch.from_numpy(np.load(p)) if p.exists() else torch.empty(0, dtype=torch.long)
         )
-    return PreparedDataset(topo, features, labels, splits, manifest, d)
+    return PreparedDataset(topo, features, labels, splits, manifest, d, edge_features)
 
 
 def feature_dtype(manifest: dict) -> str:

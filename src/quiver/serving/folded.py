@@ -695,11 +695,15 @@ def _why_not_user(served: nn.Module) -> str | None:
         return "the model takes (x, adjs); folding needs a forward(x, edge_index)"
     if served.sequence_aggregation:
         return "it has an LSTM/GRU aggregation (its padded neighbour lists add a row to x)"
+    if served.edge_features is not None:
+        return "it takes edge attributes (edge_attr); the folded tables hold node rows only"
     layers = served._layers
     if not layers:
         return "no message-passing layer is visible in it (a torch.export program keeps no classes)"
     if len(layers) < 2:
         return "a one-layer model's embedding is the raw features"
+    if getattr(layers[0], "edge_dim", None) is not None:
+        return f"its first {type(layers[0]).__name__} takes edge attributes (edge_dim)"
     reason = _layer_reason(layers[0])
     if reason is not None:
         return reason

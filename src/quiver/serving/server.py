@@ -142,6 +142,7 @@ class Server:
                 f"graph has {ds.num_nodes} nodes"
             )
         net, minfo = load_served_model(checkpoint, model, trust_pickle, convention)
+        edge_info = _use_edge_features(net, ds, dataset_dir, minfo["kind"])
         fanouts = [int(k) for k in (fanouts or minfo["fanouts"] or ds.manifest.get("fanouts"))]
         if any(k == 0 or k < -1 for k in fanouts):
             raise ValueError(f"--fanouts must be positive or -1 (all neighbours), got {fanouts}")
@@ -298,7 +299,8 @@ class Server:
         extra = f" (+{minfo['extra_hops']} degree hop)" if minfo["extra_hops"] else ""
         info = (
             f"{name}: {ds.num_nodes:,} nodes, {ds.topo.edge_count:,} edges; "
-            f"{minfo['kind']}, input {minfo['convention']}, fanouts {fanouts}{extra}{pad_info}; "
+            f"{minfo['kind']}, input {minfo['convention']}{edge_info}, fanouts {fanouts}{extra}"
+            f"{pad_info}; "
             f"{path_info}; model on {device}; {precision_info}{fold_info}{peer_info}"
         )
         server = cls(engine, info)
@@ -373,6 +375,24 @@ def _model_failure(e: BaseException, width: int, where: str = "the dataset") -> 
         )
     first = (text.strip().splitlines() or [""])[0]
     return f"the model failed on a sampled subgraph at start-up: {type(e).__name__}: {first}"
+
+
+def _use_edge_features(net, ds, dataset_dir, kind: str) -> str:
+    """Hand the dataset's edge features to a model whose forward takes ``edge_attr`` (see
+    ``quiver.usermodel``); returns the note for the start-up line. A model that needs them on a
+    dataset without them is refused in one line naming the missing file."""
+    if not getattr(net, "takes_edge_attr", False):
+        return ""
+    if ds.edge_features is None:
+        if net.needs_edge_attr:
+            missing = Path(dataset_dir) / "edge_features.npy"
+            raise ValueError(
+                f"{kind}: its forward needs edge_attr, but {missing} does not exist; prepare "
+                "the dataset with --edge-features FILE.npy"
+            )
+        return ""
+    net.use_edge_features(ds.edge_features)
+    return f" + edge_attr ({ds.edge_features.shape[1]} per edge)"
 
 
 def _check_model_runs(net, ds, sizes, frontier, device, dataset_dir) -> None:
