@@ -344,3 +344,38 @@ def test_sigkill_soak_loses_no_acknowledged_update(tmp_path):
         proc.wait(timeout=60)
     want = _full(module, final, probe).numpy()
     np.testing.assert_allclose(served, want, atol=1e-4, rtol=1e-4)
+
+
+def test_patched_kernel_draws_as_the_homogeneous_one_and_untouched_rows_keep_their_draws():
+    """One relation, one hop: the typed sampler's first call draws the same neighbours as
+    ``sample_one_hop`` (same stream); after an update touches one row, every other row still
+    draws the same, and the touched row draws from its new version."""
+    from quiver.hetero import HeteroSampler
+    from quiver.sampling._cpu_kernel import sample_one_hop
+
+    gen = np.random.default_rng(0)
+    n, e = 300, 4000
+    ei = np.stack([gen.integers(0, n, e), gen.integers(0, n, e)])
+    g = HeteroGraph.from_edges({"v": n}, {("v", "to", "v"): ei})
+    r = g.relations[("v", "to", "v")]
+    seeds = np.arange(0, n, 3, dtype=np.int64)
+    counts, nbrs, _ = sample_one_hop(r.indptr, r.indices, r.eid, seeds, 4, 11, 0)
+    b = HeteroSampler(g, [4], seed=11).sample({"v": torch.from_numpy(seeds)})
+    got = b.node_ids["v"][b.edge_index[("v", "to", "v")][0]].numpy()
+    assert np.array_equal(got, nbrs)
+
+    live = LiveGraph(g, durable=False)
+    v = int(seeds[5])
+    live.update({"op": "add_edges", "edge_type": "v__to__v", "src": [7, 8, 9], "dst": [v, v, v]})
+    b2 = HeteroSampler(g, [4], seed=11, live=live).sample({"v": torch.from_numpy(seeds)})
+    ei2 = b2.edge_index[("v", "to", "v")]
+    got2 = b2.node_ids["v"][ei2[0]].numpy()
+    dst_seed = seeds[ei2[1].numpy()]
+    dst_old = np.repeat(seeds, counts)
+    for s in seeds:
+        mine = got2[dst_seed == s]
+        if s == v:
+            row = list(live.rels[("v", "to", "v")].row(v)[0])
+            assert len(mine) == min(4, len(row)) and set(mine) <= set(row)
+        else:
+            assert np.array_equal(mine, nbrs[dst_old == s]), s
