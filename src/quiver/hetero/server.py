@@ -207,7 +207,11 @@ class HeteroServer:
         edges = relation_edges(graph, fanouts, targets[0])
         busiest = sorted(edges.items(), key=lambda kv: -kv[1])[:3]
         cached = ", ".join(f"{t} {hot[t]:,}/{graph.num_nodes[t]:,}" for t in hot) or "none"
-        fan = "; ".join(f"{edge_type_name(et)} {ks}" for et, ks in fanouts.items())
+        lists = list(fanouts.values())
+        if all(ks == lists[0] for ks in lists):
+            fan = f"{lists[0]} on every relation"
+        else:
+            fan = "; ".join(f"{edge_type_name(et)} {ks}" for et, ks in fanouts.items())
         info = (
             f"{graph.manifest.get('name', dataset_dir)}: {graph.describe()}; {minfo['kind']}; "
             f"targets {', '.join(targets)}; fanouts {fan}; mean PSGS of a {targets[0]} seed "
