@@ -287,3 +287,45 @@ def test_from_pyg_and_ogb_bring_their_edge_features(tmp_path):
     write(root / "raw" / "edge-feat.csv.gz", ea[:3].tolist())
     with pytest.raises(ValueError, match="edge-feat.csv.gz has 3 rows but edge.csv.gz has 5"):
         load_ogb(root)
+
+
+def test_pyg_basic_gnn_with_optional_edge_attr_and_trimming(world, prepared, tmp_path):
+    """PyG's ``GAT(edge_dim=...)`` takes ``edge_attr=None`` and the per-hop counts: served with
+    both (its ``trim_to_layer`` trims the edge features too) it equals the full graph; on a
+    dataset without edge features its optional ``edge_attr`` is left out, not refused."""
+    from torch_geometric.nn import GAT
+
+    kwargs = {"in_channels": DIM, "hidden_channels": 8, "num_layers": 2, "out_channels": CLASSES}
+    torch.manual_seed(2)
+    model = GAT(**kwargs, edge_dim=EDIM).eval()
+    ckpt = tmp_path / "gat.pt"
+    spec = "torch_geometric.nn:GAT"
+    save_model(ckpt, model, spec, {**kwargs, "edge_dim": EDIM}, [-1, -1])
+    ei, ea = _full_graph(world, False)
+    cfg = ServeConfig(max_batch_nodes=N, max_request_nodes=N, max_wait_ms=0.5)
+    with torch.inference_mode():
+        want = model(world["x"], ei, edge_attr=ea).numpy()
+        want_plain = model(world["x"], ei).numpy()
+    for data, expect in ((prepared["directed"], want), (prepared["plain"], want_plain)):
+        with Server.from_dataset(data, ckpt, cfg, seed=0, model=spec) as server:
+            assert server.engine.model.pass_counts
+            got = server.predict(list(range(N)), output="logits").values
+        np.testing.assert_allclose(got, expect, rtol=0, atol=1e-5)
+    assert float(np.abs(want - want_plain).max()) > 1e-3  # the edge features count
+
+
+def test_bf16_model_gets_bf16_edge_features(world, prepared):
+    """``--precision bf16``: the edge rows are cast with the node rows; answers stay close."""
+    want = _reference(world, "GINE")
+    cfg = ServeConfig(max_batch_nodes=N, max_request_nodes=N, max_wait_ms=0.5)
+    with Server.from_dataset(
+        prepared["directed"],
+        world["ckpts"]["GINE"],
+        cfg,
+        seed=0,
+        model=SPEC.format("GINE"),
+        precision="bf16",
+    ) as server:
+        got = server.predict(list(range(N)), output="logits").values
+    scale = float(np.abs(want).max())
+    assert float(np.abs(got - want).max()) < 0.05 * scale
