@@ -177,7 +177,6 @@ def _served(world, data, name, **kw):
 def test_prepare_stores_edge_features_in_input_order(world, prepared):
     ds = load_prepared(prepared["directed"])
     assert ds.manifest["edge_features"] == {"file": "edge_features.npy", "rows": E, "dim": EDIM}
-    assert isinstance(np.load(prepared["directed"] / "edge_features.npy", mmap_mode="r"), np.memmap)
     torch.testing.assert_close(ds.edge_features, world["ea"], rtol=0, atol=0)
     # slot j of the CSR holds edge eid[j] of the input: its target is the row, its source the
     # neighbour, and its features are row eid[j]
@@ -189,6 +188,24 @@ def test_prepare_stores_edge_features_in_input_order(world, prepared):
     assert und.topo.edge_count == 2 * E and und.edge_features.shape == (E, EDIM)
     # every input row is read twice: by its edge and by the reverse edge
     assert np.bincount(und.topo.eid.numpy(), minlength=E).tolist() == [2] * E
+
+
+@pytest.mark.parametrize("kind", ["directed", "undirected"])
+def test_sampled_edge_ids_name_the_input_rows(world, prepared, kind):
+    """The CPU sampler's ``e_id`` of a sampled edge ``u -> v`` is the input row holding
+    ``(u, v)`` (or ``(v, u)`` for a reverse edge added by ``--undirected``)."""
+    from quiver.pyg import GraphSageSampler
+
+    ds = load_prepared(prepared[kind])
+    sampler = GraphSageSampler(ds.topo, [3, 2], mode="CPU", seed=0, frontier=True)
+    n_id, _, adjs = sampler.sample(torch.tensor([0, 7, 19, N - 1]))
+    for edge_index, e_id, _ in adjs:
+        pairs = np.stack([n_id[edge_index[0]].numpy(), n_id[edge_index[1]].numpy()], 1)
+        rows = world["edges"][e_id.numpy()]
+        same = (rows == pairs).all(1)
+        if kind == "undirected":
+            same |= (rows[:, ::-1] == pairs).all(1)
+        assert e_id.numel() and same.all()
 
 
 @pytest.mark.parametrize("name", MODELS + ["GINEAdjs"])
