@@ -702,8 +702,6 @@ def _why_not_user(served: nn.Module) -> str | None:
         return "no message-passing layer is visible in it (a torch.export program keeps no classes)"
     if len(layers) < 2:
         return "a one-layer model's embedding is the raw features"
-    if getattr(layers[0], "edge_dim", None) is not None:
-        return f"its first {type(layers[0]).__name__} takes edge attributes (edge_dim)"
     reason = _layer_reason(layers[0])
     if reason is not None:
         return reason
