@@ -266,6 +266,19 @@ def _edge_attr_param(module: nn.Module) -> tuple[bool, bool]:
     return True, p.default is inspect.Parameter.empty
 
 
+def _edge_widths(module: nn.Module) -> list[tuple[str, int]]:
+    """``(layer class, edge feature width)`` of the layers that show theirs: ``edge_dim``
+    (``GATConv``, ``TransformerConv``, ...), or ``GINEConv``'s edge ``Linear``."""
+    out = []
+    for m in module.modules():
+        dim = getattr(m, "edge_dim", None)
+        if dim is None and type(m).__name__ == "GINEConv" and getattr(m, "lin", None) is not None:
+            dim = getattr(m.lin, "in_channels", None)
+        if isinstance(dim, int) and dim > 0:
+            out.append((type(m).__name__, dim))
+    return out
+
+
 class _EdgeTable:
     """The dataset's ``[E_in, D]`` edge features (often a memory map), shared, never copied:
     ``copy.deepcopy`` of a model (bf16 weights, see ``quiver.precision``) keeps the same table."""
@@ -407,6 +420,12 @@ class ServedModel(nn.Module):
             raise ValueError(f"{self.source}: its forward takes no edge_attr")
         if table.dim() != 2:
             raise ValueError(f"edge features must be [E, D], got shape {list(table.shape)}")
+        for name, dim in _edge_widths(self.module):
+            if dim != table.shape[1]:
+                raise ValueError(
+                    f"{self.source}: its {name} takes {dim} edge features (edge_dim) but the "
+                    f"dataset's edge_features.npy has {table.shape[1]} per edge"
+                )
         self._edges = _EdgeTable(table)
 
     @property

@@ -346,3 +346,19 @@ def test_bf16_model_gets_bf16_edge_features(world, prepared):
         got = server.predict(list(range(N)), output="logits").values
     scale = float(np.abs(want).max())
     assert float(np.abs(got - want).max()) < 0.05 * scale
+
+
+def test_edge_feature_width_mismatch_is_one_line(world, tmp_path):
+    """A dataset whose edge features are wider than the model's ``edge_dim``: one line naming
+    the layer and both widths, at start-up."""
+    d = world["dir"]
+    np.save(tmp_path / "wide.npy", np.ones((E, EDIM + 2), np.float32))
+    argv = ["prepare", "--edges", str(d / "edges.npy"), "--features", str(d / "x.npy")]
+    argv += ["--edge-features", str(tmp_path / "wide.npy"), "--out", str(tmp_path / "w")]
+    assert cli_main(argv + ["--no-progress"]) == 0
+    for name, layer in (("GAT", "GATConv"), ("GINE", "GINEConv")):
+        with pytest.raises(ValueError, match=f"its {layer} takes {EDIM} edge features") as e:
+            Server.from_dataset(
+                tmp_path / "w", world["ckpts"][name], model=SPEC.format(name), fanouts=[-1, -1]
+            )
+        assert f"has {EDIM + 2} per edge" in str(e.value) and "\n" not in str(e.value)
