@@ -14,6 +14,8 @@ Directory layout (``HeteroGraph.save`` / ``load``, memory-mapped on load)::
     rel_<i>/indptr.npy indices.npy eid.npy     relation i's CSR (int64)
     features/<type>.npy                [N_type, F_type] float32, for typed with features
     labels/<type>.npy                  [N_type] int64, -1 = unlabelled (optional)
+    edge_features/rel_<i>.npy          [E_i, D_i] float32 of relation i, in its INPUT edge
+                                       order (``eid`` finds a CSR slot's row; optional)
 """
 
 from __future__ import annotations
@@ -105,6 +107,8 @@ class HeteroGraph:
         relations: edge type -> :class:`Relation`.
         features: node type -> ``[N_type, F_type]`` float32 (types without features absent).
         labels: node type -> ``[N_type]`` int64 (``-1`` unlabelled; optional per type).
+        edge_features: edge type -> ``[E, D]`` float32 in the relation's input edge order
+            (optional per relation; row ``eid[j]`` belongs to CSR slot ``j``).
         manifest: extra metadata (name, source, default fanouts, target type, workload).
     """
 
@@ -114,6 +118,7 @@ class HeteroGraph:
     labels: dict[str, torch.Tensor] = field(default_factory=dict)
     manifest: dict = field(default_factory=dict)
     path: Path | None = None
+    edge_features: dict = field(default_factory=dict)
     #: where the data files are (``path``, or a compaction's generation folder under it)
     data_path: Path | None = None
 
@@ -126,6 +131,7 @@ class HeteroGraph:
         features: dict | None = None,
         labels: dict | None = None,
         manifest: dict | None = None,
+        edge_features: dict | None = None,
     ) -> HeteroGraph:
         """Build from ``{(src, rel, dst): edge_index [2, E]}`` and node counts per type.
 
@@ -179,7 +185,22 @@ class HeteroGraph:
             if y.shape[0] != num_nodes[t]:
                 raise ValueError(f"labels of {t!r} have {y.shape[0]} rows, expected {num_nodes[t]}")
             labs[t] = y
-        return cls(num_nodes, rels, feats, labs, dict(manifest or {}))
+        efeats = {}
+        for et, a in (edge_features or {}).items():
+            et = parse_edge_type(et)
+            if et not in rels:
+                raise ValueError(f"edge features for unknown edge type {edge_type_name(et)}")
+            a = torch.as_tensor(_as_numpy(a, np.float32))
+            a = a.reshape(-1, 1) if a.ndim == 1 else a
+            if a.ndim != 2 or a.shape[0] != rels[et].edge_count:
+                raise ValueError(
+                    f"edge features of {edge_type_name(et)} have {a.shape[0]} rows, expected "
+                    f"{rels[et].edge_count} (one per edge, in the edge list's order)"
+                )
+            efeats[et] = a
+        g = cls(num_nodes, rels, feats, labs, dict(manifest or {}))
+        g.edge_features = efeats
+        return g
 
     @classmethod
     def from_pyg(cls, data, manifest: dict | None = None) -> HeteroGraph:
@@ -197,8 +218,10 @@ class HeteroGraph:
             y = getattr(store, "y", None)
             if y is not None:
                 labs[t] = y[:, 0] if y.ndim == 2 else y
-        edges = {}
+        edges, eattr = {}, {}
         for et in data.edge_types:
+            if data[et].get("edge_attr") is not None:
+                eattr[et] = data[et].edge_attr
             ei = data[et].get("edge_index")
             if ei is None:
                 raise ValueError(
@@ -206,21 +229,26 @@ class HeteroGraph:
                     "adj_t-only store: convert it back with ToSparseTensor's inverse)"
                 )
             edges[et] = ei
-        return cls.from_edges(num_nodes, edges, feats, labs, manifest)
+        return cls.from_edges(num_nodes, edges, feats, labs, manifest, eattr)
 
     def add_reverse(self) -> HeteroGraph:
         """Add ``(dst, rev_rel, src)`` for every relation whose reverse is missing
         (PyG's ``ToUndirected`` naming: ``rev_`` + relation); a same-type relation gets
         its reverse edges merged in instead, as ``ToUndirected`` does."""
         edges = {et: r.to_edge_index()[:, np.argsort(r.eid)] for et, r in self.relations.items()}
-        out = dict(edges)
+        out, eout = dict(edges), dict(self.edge_features)
         for (src, rel, dst), ei in edges.items():
+            ef = self.edge_features.get((src, rel, dst))
             if src == dst:
                 out[(src, rel, dst)] = torch.cat([ei, ei.flip(0)], 1)
+                if ef is not None:  # a reversed edge carries its forward edge's features
+                    eout[(src, rel, dst)] = torch.cat([ef, ef])
             elif not any(e[0] == dst and e[2] == src for e in edges):
                 out[(dst, f"rev_{rel}", src)] = ei.flip(0)
+                if ef is not None:
+                    eout[(dst, f"rev_{rel}", src)] = ef
         return HeteroGraph.from_edges(
-            self.num_nodes, out, self.features, self.labels, self.manifest
+            self.num_nodes, out, self.features, self.labels, self.manifest, eout
         )
 
     # ------------------------------------------------------------------ views
@@ -254,6 +282,8 @@ class HeteroGraph:
         for et, r in self.relations.items():
             ei = r.to_edge_index()
             data[et].edge_index = ei[:, np.argsort(r.eid, kind="stable")]
+            if et in self.edge_features:
+                data[et].edge_attr = self.edge_features[et].float()
         return data
 
     def describe(self) -> str:
@@ -277,6 +307,11 @@ class HeteroGraph:
             rd.mkdir(exist_ok=True)
             for name in ("indptr", "indices", "eid"):
                 _save_npy(rd / f"{name}.npy", np.asarray(getattr(r, name), dtype=np.int64))
+        if self.edge_features:
+            (d / "edge_features").mkdir(exist_ok=True)
+        for i, et in enumerate(self.relations):
+            if et in self.edge_features:
+                _save_npy(d / "edge_features" / f"rel_{i}.npy", self.edge_features[et].numpy())
         for sub, table in (("features", self.features), ("labels", self.labels)):
             if table:
                 (d / sub).mkdir(exist_ok=True)
@@ -308,7 +343,14 @@ class HeteroGraph:
                 for t, n in self.num_nodes.items()
             },
             "relations": [
-                {"edge_type": list(et), "dir": f"rel_{i}", "edges": r.edge_count}
+                {
+                    "edge_type": list(et),
+                    "dir": f"rel_{i}",
+                    "edges": r.edge_count,
+                    "edge_features": (
+                        int(self.edge_features[et].shape[1]) if et in self.edge_features else None
+                    ),
+                }
                 for i, (et, r) in enumerate(self.relations.items())
             ],
         }
@@ -343,14 +385,16 @@ class HeteroGraph:
             return a
 
         num_nodes = {t: int(v["count"]) for t, v in manifest["node_types"].items()}
-        rels = {}
-        for r in manifest["relations"]:
+        rels, efeats = {}, {}
+        for i, r in enumerate(manifest["relations"]):
             et = tuple(r["edge_type"])
             rd = d / r["dir"]
             indptr = load(rd / "indptr.npy", num_nodes[et[2]] + 1)
             indices = load(rd / "indices.npy", int(r["edges"]))
             eid = load(rd / "eid.npy", int(r["edges"]))
             rels[et] = Relation(et, indptr, indices, eid)
+            if r.get("edge_features"):
+                efeats[et] = _tensor(load(d / "edge_features" / f"rel_{i}.npy", int(r["edges"])))
         feats, labs = {}, {}
         for t, v in manifest["node_types"].items():
             if v.get("features"):
@@ -359,6 +403,7 @@ class HeteroGraph:
                 labs[t] = _tensor(load(d / "labels" / f"{t}.npy", num_nodes[t]))
         g = cls(num_nodes, rels, feats, labs, manifest, root)
         g.data_path = d
+        g.edge_features = efeats
         return g
 
 

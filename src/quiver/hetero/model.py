@@ -9,7 +9,10 @@ over the dicts) and returns either a dict of per-type outputs or the target type
   model's own embedding table (``nn.Embedding(num_nodes[t], dim)``), as PyG's MAG examples
   do for authors, institutions and fields;
 - ``edge_index_dict[(src, rel, dst)]``: ``[2, E]`` int64 local ``(src, dst)`` indices into
-  those rows; every type and relation is present, empty when nothing was sampled.
+  those rows; every type and relation is present, empty when nothing was sampled;
+- ``edge_attr_dict[(src, rel, dst)]`` (third argument, only to a ``forward`` that takes one):
+  ``[E, D]`` float32 features of the sampled edges, in ``edge_index_dict``'s order, for the
+  relations that have edge features (what ``HeteroConv`` hands its edge-aware convs).
 
 Rows ``[:batch_size]`` of the target type's output are the requested nodes' answers. A module
 with an ``embed(x_dict, edge_index_dict)`` method can also answer ``output="embedding"``.
@@ -30,16 +33,21 @@ __all__ = ["HeteroFeatures", "HeteroInput", "HeteroServedModel", "load_hetero_mo
 class HeteroInput:
     """The model's inputs for one sampled batch (``.to(device)`` moves every tensor)."""
 
-    def __init__(self, x_dict: dict, edge_index_dict: dict, batch: HeteroBatch):
+    def __init__(
+        self, x_dict: dict, edge_index_dict: dict, batch: HeteroBatch, edge_attr_dict=None
+    ):
         self.x_dict = x_dict
         self.edge_index_dict = edge_index_dict
+        self.edge_attr_dict = edge_attr_dict or {}
         self.batch = batch
 
     def to(self, device, non_blocking: bool = False) -> HeteroInput:
         def mv(d):
             return {k: v.to(device, non_blocking=non_blocking) for k, v in d.items()}
 
-        return HeteroInput(mv(self.x_dict), mv(self.edge_index_dict), self.batch)
+        return HeteroInput(
+            mv(self.x_dict), mv(self.edge_index_dict), self.batch, mv(self.edge_attr_dict)
+        )
 
 
 class HeteroFeatures:
@@ -52,9 +60,11 @@ class HeteroFeatures:
             (replaced and new rows), gathered by the sampler under the batch's version.
     """
 
-    def __init__(self, tables: dict, live=None):
+    def __init__(self, tables: dict, live=None, edge_tables: dict | None = None):
         self.tables = dict(tables)
         self.live = live
+        #: edge type -> ``[E, D]`` edge features in input order (``batch.edge_ids`` index it)
+        self.edge_tables = dict(edge_tables or {})
 
     def gather(self, batch: HeteroBatch) -> HeteroInput:
         """The batch's inputs, read now (a live graph's caller holds its read lock)."""
@@ -65,7 +75,13 @@ class HeteroFeatures:
                 continue
             table = self.tables.get(t)
             x[t] = ids if table is None else table[ids]
-        return HeteroInput(x, dict(batch.edge_index), batch)
+        ea = {}
+        for et, eids in batch.edge_ids.items():
+            if self.live is not None and self.live.rels[et].efeat is not None:
+                ea[et] = self.live.rels[et].gather_edges(eids)
+            elif et in self.edge_tables:
+                ea[et] = self.edge_tables[et][eids]
+        return HeteroInput(x, dict(batch.edge_index), batch, ea)
 
     def __getitem__(self, batch: HeteroBatch) -> HeteroInput:
         return batch.inputs if batch.inputs is not None else self.gather(batch)
@@ -96,6 +112,7 @@ class HeteroServedModel(nn.Module):
         self.module = module
         self.target = target
         self.has_embedding = callable(getattr(module, "embed", None))
+        self.takes_edge_attr = _takes_edge_attr(module.forward)
 
     def _pick(self, out, inp: HeteroInput) -> Tensor:
         if isinstance(out, dict):
@@ -111,16 +128,35 @@ class HeteroServedModel(nn.Module):
             )
         return out[: inp.batch.batch_size[self.target]]
 
+    def _args(self, inp: HeteroInput) -> tuple:
+        if self.takes_edge_attr:
+            return inp.x_dict, inp.edge_index_dict, inp.edge_attr_dict
+        return inp.x_dict, inp.edge_index_dict
+
     def forward(self, inp: HeteroInput, adjs=None) -> Tensor:
         """``[batch_size, C]`` outputs of the target type's seeds."""
-        return self._pick(self.module(inp.x_dict, inp.edge_index_dict), inp)
+        return self._pick(self.module(*self._args(inp)), inp)
 
     def forward_all(self, inp: HeteroInput, adjs=None) -> tuple[Tensor, Tensor]:
         """``(embedding, logits)`` of the seeds (the embedding from ``module.embed``)."""
         logits = self.forward(inp)
         if not self.has_embedding:
             raise ValueError("this model has no embed(x_dict, edge_index_dict) method")
-        return self._pick(self.module.embed(inp.x_dict, inp.edge_index_dict), inp), logits
+        return self._pick(self.module.embed(*self._args(inp)), inp), logits
+
+
+def _takes_edge_attr(fn) -> bool:
+    """Whether ``forward`` takes a third positional argument (the edge attributes)."""
+    import inspect
+
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 3
 
 
 def _materialise(module: nn.Module, probe: HeteroInput | None) -> None:
@@ -128,8 +164,11 @@ def _materialise(module: nn.Module, probe: HeteroInput | None) -> None:
     their shapes before the weights are loaded."""
     lazy = any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters())
     if lazy and probe is not None:
+        args = (probe.x_dict, probe.edge_index_dict)
+        if _takes_edge_attr(module.forward):
+            args = (*args, probe.edge_attr_dict)
         with torch.no_grad():
-            module(probe.x_dict, probe.edge_index_dict)
+            module(*args)
 
 
 def load_hetero_model(

@@ -8,6 +8,8 @@ A typed edge-list directory holds::
                                              header, .npy [2, E] or [E, 2]; .gz text allowed)
     <type>.features.npy                      [N_type, F] features (optional, per type)
     <type>.labels.npy                        [N_type] integer labels (optional, -1 unlabelled)
+    <src>__<relation>__<dst>.edge_features.npy   [E, D] edge features, rows in the relation
+                                             file's edge order (optional)
     nodes.json                               {"<type>": count, ...} (optional; default: the
                                              feature or label rows, else the largest id + 1)
 """
@@ -64,7 +66,11 @@ def load_typed_edges(directory, undirected: bool = False) -> HeteroGraph:
     edges = {}
     for p in sorted(d.iterdir()):
         stem = next((p.name[: -len(s)] for s in _EDGE_SUFFIXES if p.name.endswith(s)), None)
-        if stem is None or "__" not in stem or p.name.endswith((".features.npy", ".labels.npy")):
+        if (
+            stem is None
+            or "__" not in stem
+            or p.name.endswith((".features.npy", ".labels.npy", ".edge_features.npy"))
+        ):
             continue
         try:
             et = parse_edge_type(stem)
@@ -73,8 +79,13 @@ def load_typed_edges(directory, undirected: bool = False) -> HeteroGraph:
         edges[et] = _edge_array(p)
     if not edges:
         raise ValueError(f"--hetero {d}: no src__relation__dst.{{txt,csv,npy}} edge files")
+    efeats = {}
+    for p in sorted(d.glob("*.edge_features.npy")):
+        efeats[parse_edge_type(p.name[: -len(".edge_features.npy")])] = np.load(p)
     feats, labels = {}, {}
     for p in sorted(d.glob("*.features.npy")):
+        if p.name.endswith(".edge_features.npy"):
+            continue
         feats[p.name[: -len(".features.npy")]] = np.load(p)
     for p in sorted(d.glob("*.labels.npy")):
         labels[p.name[: -len(".labels.npy")]] = np.load(p)
@@ -101,6 +112,7 @@ def load_typed_edges(directory, undirected: bool = False) -> HeteroGraph:
         feats,
         labels,
         manifest={"name": d.name, "source": f"typed edge lists {d}"},
+        edge_features=efeats,
     )
     return g.add_reverse() if undirected else g
 

@@ -187,7 +187,7 @@ class HeteroServer:
 
             live = LiveGraph(graph, tables)  # replays the update log
         sampler = HeteroSampler(graph, fanouts, seed, live=live)
-        features = HeteroFeatures(tables, live=live)
+        features = HeteroFeatures(tables, live=live, edge_tables=graph.edge_features)
         probe_node = {targets[0]: torch.zeros(1, dtype=torch.int64)}
         probe = features[sampler.sample(probe_node)] if graph.num_nodes[targets[0]] else None
         module, minfo = load_hetero_model(checkpoint, model, trust_pickle, probe)

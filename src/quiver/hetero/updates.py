@@ -194,8 +194,13 @@ def _grow(a: np.ndarray, need: int, fill) -> np.ndarray:
 class _LiveRelation:
     """One relation: base CSR arrays plus the patched rows (module docstring)."""
 
-    def __init__(self, rel):
+    def __init__(self, rel, efeat=None):
         self.edge_type = rel.edge_type
+        #: ``[E, D]`` base edge features in input order (None: the relation has none); edges
+        #: added since have ids ``E, E+1, ...`` and their rows in ``e_over``
+        self.efeat = efeat
+        self.e_over = None if efeat is None else torch.zeros(0, efeat.shape[1])
+        self.e_used = 0
         self.indptr = np.ascontiguousarray(rel.indptr, dtype=np.int64)
         self.indices = np.ascontiguousarray(rel.indices, dtype=np.int64)
         self.eid = np.ascontiguousarray(rel.eid, dtype=np.int64)
@@ -233,8 +238,29 @@ class _LiveRelation:
             self.p_deg[v] = n
             self.p_used += n
 
-    def edge_index(self, n_dst: int) -> np.ndarray:
-        """``[2, E]`` (src, dst) of the current version, rows in order (vectorised)."""
+    def gather_edges(self, eids: torch.Tensor) -> torch.Tensor:
+        """``[len(eids), D]`` edge features (base rows or added edges' rows)."""
+        base_e = self.indices.shape[0]
+        if self.e_used == 0:
+            return self.efeat[eids]
+        new = eids >= base_e
+        out = self.efeat[torch.where(new, torch.zeros_like(eids), eids)].clone()
+        out[new] = self.e_over[eids[new] - base_e].to(out.dtype)
+        return out
+
+    def add_edge_rows(self, rows: torch.Tensor) -> None:
+        """Append the features of newly added edges (under the write lock)."""
+        need = self.e_used + rows.shape[0]
+        if need > self.e_over.shape[0]:
+            grown = torch.zeros(max(need, 2 * self.e_over.shape[0], 16), self.e_over.shape[1])
+            grown[: self.e_used] = self.e_over[: self.e_used]
+            self.e_over = grown
+        self.e_over[self.e_used : need] = rows
+        self.e_used = need
+
+    def edge_index(self, n_dst: int, with_eids: bool = False):
+        """``[2, E]`` (src, dst) of the current version, rows in order (vectorised); with
+        ``with_eids`` also the ``[E]`` edge ids."""
         patched = np.zeros(max(n_dst, self.base_n), dtype=bool)
         k = min(self.p_start.shape[0], patched.shape[0])
         patched[:k] = self.p_start[:k] >= 0
@@ -247,7 +273,10 @@ class _LiveRelation:
         pos = offs + np.arange(int(degs.sum()), dtype=np.int64)
         src = np.concatenate([self.indices[keep], self.p_indices[pos]])
         dst = np.concatenate([base_dst[keep], np.repeat(vs, degs)])
-        return np.stack([src, dst]).astype(np.int64)
+        ei = np.stack([src, dst]).astype(np.int64)
+        if with_eids:
+            return ei, np.concatenate([self.eid[keep], self.p_eid[pos]]).astype(np.int64)
+        return ei
 
     def arrays(self) -> tuple:
         return (
@@ -329,7 +358,9 @@ class LiveGraph:
         self.lock = RWLock()
         self._writer = threading.Lock()  # one update at a time, validation to apply
         self.num_nodes = dict(graph.num_nodes)
-        self.rels = {et: _LiveRelation(r) for et, r in graph.relations.items()}
+        self.rels = {
+            et: _LiveRelation(r, graph.edge_features.get(et)) for et, r in graph.relations.items()
+        }
         tables = tables if tables is not None else graph.features
         self.features = {
             t: _LiveFeatures(tables[t], graph.num_nodes[t], int(graph.features[t].shape[1]))
@@ -390,7 +421,7 @@ class LiveGraph:
             raise UpdateError(f"unknown op {op!r}; one of {', '.join(OPS)}")
         allowed = {
             "add_nodes": {"op", "node_type", "count", "features", "seq"},
-            "add_edges": {"op", "edge_type", "src", "dst", "seq"},
+            "add_edges": {"op", "edge_type", "src", "dst", "edge_features", "seq"},
             "remove_edges": {"op", "edge_type", "src", "dst", "seq"},
             "set_features": {"op", "node_type", "ids", "features", "seq"},
         }[op]
@@ -452,6 +483,26 @@ class LiveGraph:
             raise UpdateError(f"{op}: 'src' and 'dst' must be non-empty and of equal length")
         self._check_ids(src, et[0], op)
         self._check_ids(dst, et[2], op)
+        efeat = self.rels[et].efeat
+        if op == "add_edges" and efeat is not None:
+            rows = rec.get("edge_features")
+            if rows is None:
+                raise UpdateError(
+                    f"add_edges: {edge_type_name(et)} has edge features: give 'edge_features' "
+                    "(one row per edge)"
+                )
+            try:
+                arr = np.asarray(rows, dtype=np.float32)
+            except (TypeError, ValueError):
+                raise UpdateError("add_edges: 'edge_features' must be rows of numbers") from None
+            want = (src.shape[0], int(efeat.shape[1]))
+            if arr.shape != want or not np.isfinite(arr).all():
+                raise UpdateError(
+                    f"add_edges: edge_features of {edge_type_name(et)} must be finite "
+                    f"[{want[0]}, {want[1]}], got {list(arr.shape)}"
+                )
+        elif rec.get("edge_features") is not None:
+            raise UpdateError(f"{op}: {edge_type_name(et)} has no edge features")
         if op == "remove_edges":
             rel = self.rels[et]
             for s, d in zip(src.tolist(), dst.tolist(), strict=True):
@@ -492,6 +543,11 @@ class LiveGraph:
         src = np.asarray(rec["src"], dtype=np.int64)
         dst = np.asarray(rec["dst"], dtype=np.int64)
         rows = {}
+        if op == "add_edges" and rel.efeat is not None:
+            # edge ids are handed out in record order below (per destination, in order)
+            order = np.concatenate([np.nonzero(dst == d)[0] for d in np.unique(dst)])
+            feats = torch.tensor(rec["edge_features"], dtype=torch.float32)[torch.from_numpy(order)]
+            rel.add_edge_rows(feats)
         for d in np.unique(dst).tolist():
             cur_src, cur_eid = rel.row(d)
             mine = src[dst == d]
@@ -508,14 +564,19 @@ class LiveGraph:
     # ---------------------------------------------------------------- views
     def materialise(self) -> HeteroGraph:
         """The current version as a plain :class:`HeteroGraph` (features in RAM)."""
-        edges = {et: rel.edge_index(self.num_nodes[et[2]]) for et, rel in self.rels.items()}
+        edges, efeats = {}, {}
+        for et, rel in self.rels.items():
+            ei, eids = rel.edge_index(self.num_nodes[et[2]], with_eids=True)
+            edges[et] = ei
+            if rel.efeat is not None:
+                efeats[et] = rel.gather_edges(torch.from_numpy(eids))
         feats = {t: f.gather(torch.arange(self.num_nodes[t])) for t, f in self.features.items()}
         labels = {}
         for t, y in self.graph.labels.items():
             extra = self.num_nodes[t] - y.shape[0]
             labels[t] = torch.cat([y, torch.full((extra,), -1, dtype=y.dtype)]) if extra else y
         manifest = {k: v for k, v in self.graph.manifest.items() if k not in ("node_types",)}
-        return HeteroGraph.from_edges(self.num_nodes, edges, feats, labels, manifest)
+        return HeteroGraph.from_edges(self.num_nodes, edges, feats, labels, manifest, efeats)
 
 
 def compact(directory) -> tuple[int, int]:
