@@ -411,7 +411,8 @@ class ServedModel(nn.Module):
                 order of the edge list, ``CSRTopo.eid``), or None to pass none.
 
         Raises:
-            ValueError: the module's forward takes no ``edge_attr``, or ``table`` is not 2-D.
+            ValueError: the module's forward takes no ``edge_attr``, ``table`` is not 2-D, or a
+                layer's ``edge_dim`` is not ``table``'s width.
         """
         if table is None:
             self._edges = None
@@ -430,7 +431,7 @@ class ServedModel(nn.Module):
 
     @property
     def edge_features(self) -> Tensor | None:
-        """The ``[E_in, D]`` edge feature table passed from, or None."""
+        """The ``[E_in, D]`` edge feature table the rows are gathered from, or None."""
         return None if self._edges is None else self._edges.table
 
     def _edge_attr(self, x: Tensor, adjs) -> list[Tensor] | None:
