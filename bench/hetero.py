@@ -58,6 +58,13 @@ def parse_args(argv=None):
     p.add_argument("--configs", default="1x1,1x2,2x1", help="PyG worker x thread configs")
     p.add_argument("--out", default=str(REPO / "data" / "hetero-bench" / "hetero.json"))
     p.add_argument("--skip-pyg", action="store_true")
+    p.add_argument(
+        "--only-updates",
+        type=float,
+        metavar="RATE",
+        help="run part 2 only, reads at RATE req/s (default: both parts, reads at half "
+        "Quiver's sustained rate)",
+    )
     return p.parse_args(argv)
 
 
@@ -124,8 +131,9 @@ def quiver_search(d, ckpt, args, plan) -> dict:
             state["srv"].stop()
 
 
-def updates_run(d, ckpt, args, rate: float) -> dict:
-    """Read p50/p99 at ``rate`` without, then with, ``args.update_rate`` updates/s."""
+def updates_run(d, ckpt, args, rate: float, lanes: int = 2) -> dict:
+    """Read p50/p99 at ``rate`` without, then with, ``args.update_rate`` updates/s, on the
+    serving configuration that won part 1 (``lanes`` lanes; 0 = the pipeline)."""
     import shutil
 
     from quiver.hetero import HeteroGraph, HeteroServer
@@ -140,7 +148,8 @@ def updates_run(d, ckpt, args, rate: float) -> dict:
     n_paper = g.num_nodes["paper"]
     out = {}
     srv = HeteroServer.from_dataset(
-        work, ckpt, ServeConfig(slo_ms=args.bound_ms), fanouts=args.fanouts, model=FACTORY,
+        work, ckpt, ServeConfig(slo_ms=args.bound_ms, num_lanes=lanes), fanouts=args.fanouts,
+        model=FACTORY,
         seed=0,
     )  # fmt: skip
     srv.start()
@@ -217,6 +226,12 @@ def main(argv=None) -> int:
         duration_s=args.duration,
         max_requests=2000,
     )
+    if args.only_updates:
+        print(f"machine: {cpu_model()}, {os.cpu_count()} cores; torch {torch.__version__}")
+        print(f"updates (reads at {args.only_updates:g}/s, 2 lanes):", flush=True)
+        res = updates_run(d, ckpt, args, args.only_updates)
+        Path(args.out).with_name("hetero-updates.json").write_text(json.dumps(res, indent=2) + "\n")
+        return 0
     plan_file = out_dir / "hetero-plan.json"
     plan.save(plan_file)
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores; torch {torch.__version__}")
@@ -257,8 +272,9 @@ def main(argv=None) -> int:
         print(f"sustained-rate ratio quiver / pyg: {ratio:.2f}x")
         summary["ratio_sustained"] = ratio
     rate = max(1.0, 0.5 * summary["quiver"]["sustained_rps"])
+    lanes = 2 if summary["quiver"]["config"] == "2 lanes" else 0
     print(f"updates (reads at {rate:.0f}/s, half Quiver's sustained rate):", flush=True)
-    summary["updates"] = updates_run(d, ckpt, args, rate)
+    summary["updates"] = updates_run(d, ckpt, args, rate, lanes)
     Path(args.out).write_text(
         json.dumps(
             {"machine": cpu_model(), "args": vars(args), "summary": summary, "results": results},

@@ -456,3 +456,65 @@ def test_edge_features_are_served_exactly_and_follow_edge_updates(tmp_path):
     ) as srv:
         shuffled = torch.from_numpy(srv.predict("user", users, output="logits").values)
     assert not torch.allclose(shuffled, full(g), atol=1e-3)
+
+
+def test_a_version_taken_by_a_batch_never_changes_under_it():
+    """Copy-on-write: a batch holding version v samples and gathers exactly what it did before
+    any number of later updates (rows, features, node counts), while the current version
+    shows them."""
+    from quiver.hetero import HeteroFeatures, HeteroSampler
+
+    g = mag_like(0.001, seed=3)
+    live = LiveGraph(g, durable=False)
+    sampler = HeteroSampler(g, [-1, -1], seed=0, live=live)
+    feats = HeteroFeatures({}, live=live)
+    seeds = {"paper": torch.arange(0, 20)}
+    rng = np.random.default_rng(0)
+    for u in _updates(g, rng):  # so v0 already has patched rows and overlay rows to share
+        live.update(u)
+    v0 = live.version
+    n0 = dict(v0.num_nodes)
+    b0 = sampler.sample(seeds, v0)
+    x0 = feats.gather(b0, v0).x_dict["paper"].clone()
+    live.update(
+        {
+            "op": "set_features",
+            "node_type": "paper",
+            "ids": list(range(20)),
+            "features": rng.standard_normal((20, 128)).tolist(),
+        }
+    )
+    live.update(
+        {
+            "op": "add_nodes",
+            "node_type": "paper",
+            "features": rng.standard_normal((2, 128)).tolist(),
+        }
+    )
+    live.update(
+        {
+            "op": "add_edges",
+            "edge_type": "paper__cites__paper",
+            "src": [0] * 20,
+            "dst": list(range(20)),
+        }
+    )
+    live.update(
+        {
+            "op": "set_features",
+            "node_type": "paper",
+            "ids": [5, 7],
+            "features": rng.standard_normal((2, 128)).tolist(),
+        }
+    )
+    b1 = sampler.sample(seeds, v0)
+    for et in g.edge_types:
+        assert torch.equal(b1.edge_index[et], b0.edge_index[et]), et
+    assert torch.equal(feats.gather(b1, v0).x_dict["paper"], x0)
+    assert v0.num_nodes == n0 and live.version.num_nodes["paper"] == n0["paper"] + 2
+    now = sampler.sample(seeds)
+    assert not torch.equal(feats.gather(now).x_dict["paper"][:20], x0[:20])
+    assert (
+        now.edge_index[("paper", "cites", "paper")].shape[1]
+        > b0.edge_index[("paper", "cites", "paper")].shape[1]
+    )

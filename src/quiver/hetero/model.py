@@ -66,19 +66,22 @@ class HeteroFeatures:
         #: edge type -> ``[E, D]`` edge features in input order (``batch.edge_ids`` index it)
         self.edge_tables = dict(edge_tables or {})
 
-    def gather(self, batch: HeteroBatch) -> HeteroInput:
-        """The batch's inputs, read now (a live graph's caller holds its read lock)."""
+    def gather(self, batch: HeteroBatch, version=None) -> HeteroInput:
+        """The batch's inputs, from a live graph's ``version`` (the one it was sampled in;
+        default the current one)."""
+        if self.live is not None and version is None:
+            version = self.live.version
         x = {}
         for t, ids in batch.node_ids.items():
-            if self.live is not None and t in self.live.features:
-                x[t] = self.live.features[t].gather(ids)
+            if version is not None and t in version.features:
+                x[t] = version.features[t].gather(ids)
                 continue
             table = self.tables.get(t)
             x[t] = ids if table is None else table[ids]
         ea = {}
         for et, eids in batch.edge_ids.items():
-            if self.live is not None and self.live.rels[et].efeat is not None:
-                ea[et] = self.live.rels[et].gather_edges(eids)
+            if version is not None and version.rels[et].efeat is not None:
+                ea[et] = version.rels[et].gather_edges(eids)
             elif et in self.edge_tables:
                 ea[et] = self.edge_tables[et][eids]
         return HeteroInput(x, dict(batch.edge_index), batch, ea)

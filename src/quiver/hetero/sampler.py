@@ -191,8 +191,8 @@ class HeteroSampler:
 
     def __init__(self, graph: HeteroGraph, fanouts, seed: int | None = 0, live=None):
         self.graph = graph
-        #: a :class:`quiver.hetero.updates.LiveGraph` whose current version is sampled (its
-        #: caller holds ``live.reading()`` around a batch)
+        #: a :class:`quiver.hetero.updates.LiveGraph`: ``sample(..., version=v)`` samples its
+        #: version ``v`` (default: the current one)
         self.live = live
         self.fanouts = resolve_fanouts(graph, fanouts)
         self.num_hops = len(next(iter(self.fanouts.values()))) if self.fanouts else 0
@@ -228,13 +228,16 @@ class HeteroSampler:
                 m[t] = np.full(max(n, 2 * m[t].shape[0]), -1, dtype=np.int64)
         return m
 
-    def sample(self, seeds) -> HeteroBatch:
-        """Sample around ``seeds``: ``{node_type: ids}`` (distinct ids per type).
+    def sample(self, seeds, version=None) -> HeteroBatch:
+        """Sample around ``seeds``: ``{node_type: ids}`` (distinct ids per type), in a live
+        graph's ``version`` (a :class:`quiver.hetero.updates.Version`; default the current).
 
         Raises:
             ValueError: an unknown node type, ids out of range or repeated.
         """
-        num_nodes = self.num_nodes
+        if self.live is not None and version is None:
+            version = self.live.version
+        num_nodes = version.num_nodes if version is not None else self.graph.num_nodes
         markers = self._markers()
         node_ids: dict[str, list[np.ndarray]] = {t: [] for t in num_nodes}
         count = dict.fromkeys(num_nodes, 0)
@@ -257,7 +260,7 @@ class HeteroSampler:
                 count[t] = batch_size[t] = ids.size
                 frontier[t] = (ids, local)
             rels = [
-                (et, self.live.rels[et].arrays() if self.live is not None else arrays)
+                (et, version.rels[et].arrays() if version is not None else arrays)
                 for et, arrays in self._static.items()
             ]
             edges: dict = {et: [] for et, _ in rels}

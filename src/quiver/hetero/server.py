@@ -41,9 +41,9 @@ log = logging.getLogger("quiver.serving")
 class TypeSampler:
     """The engine's sampler for one target type: ``sample(seeds) -> (batch, batch_size, [])``.
 
-    With a live graph, sampling and the feature gather run under one read lock, so the batch
-    sees one version of the graph (an update waits for it, it never waits for more than one
-    update's apply)."""
+    With a live graph, sampling and the feature gather read one immutable version, taken when
+    the batch starts: the batch sees one version, and neither waits for updates nor they for
+    it."""
 
     def __init__(self, sampler: HeteroSampler, node_type: str, features=None, live=None):
         self.sampler = sampler
@@ -55,9 +55,9 @@ class TypeSampler:
         if self.live is None:
             batch = self.sampler.sample({self.node_type: seeds})
         else:
-            with self.live.reading():
-                batch = self.sampler.sample({self.node_type: seeds})
-                batch.inputs = self.features.gather(batch)
+            with self.live.reading() as version:
+                batch = self.sampler.sample({self.node_type: seeds}, version)
+                batch.inputs = self.features.gather(batch, version)
         return batch, batch.batch_size[self.node_type], []
 
 

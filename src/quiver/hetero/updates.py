@@ -9,10 +9,15 @@ read-only and memory-mapped):
   row costs one extra load; new nodes get ids after the last one and empty rows;
 - a replaced or new feature row lives in an overlay table per type (``over_idx[v]`` -> row).
 
-Consistency: readers (a batch's sampling *and* feature gather) hold the read side of a
-:class:`RWLock`; an update holds the write side only while it applies its (already validated,
-already logged) change, microseconds to a few ms, and waits for the batches in flight to leave
-first. So every batch sees one version and no request waits longer than one batch.
+Consistency without blocking: the graph is a chain of immutable :class:`Version` s. A batch
+takes the current one (``live.reading()``, one reference read) and samples and gathers from it
+alone. An update (validated, logged) builds the next version copy-on-write, copying only what
+it changes: the touched relation's row table (``p_start``/``p_deg``, 16 bytes per destination
+node), a type's overlay index, the node counts; the row and feature buffers are append-only
+and shared, since a version never reads past its own fill mark. Then it publishes the new
+version with one assignment. Readers never wait for writers, nor writers for readers (a first
+version, with a readers-writer lock, let each update stall new batches behind the ones in
+flight: read p99 53 -> 280 ms under 100 updates/s, ``bench/hetero.py``).
 
 Durability: :class:`UpdateLog` appends each update as one checksummed JSON line to
 ``updates.log`` in the dataset directory and fsyncs it *before* the update is applied and
@@ -38,7 +43,7 @@ import torch
 
 from quiver.hetero.graph import MANIFEST, HeteroGraph, edge_type_name, parse_edge_type
 
-__all__ = ["LiveGraph", "RWLock", "UpdateError", "UpdateLog", "compact", "dataset_lock"]
+__all__ = ["LiveGraph", "UpdateError", "UpdateLog", "Version", "compact", "dataset_lock"]
 
 log = logging.getLogger("quiver.serving")
 LOG_FILE = "updates.log"
@@ -52,52 +57,6 @@ class UpdateError(ValueError):
     def __init__(self, message: str, status: int = 422):
         super().__init__(message)
         self.status = status
-
-
-class RWLock:
-    """Many readers or one writer; a waiting writer blocks new readers (no writer starvation)."""
-
-    def __init__(self):
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writer = False
-        self._waiting = 0
-
-    def acquire_read(self) -> None:
-        with self._cond:
-            while self._writer or self._waiting:
-                self._cond.wait()
-            self._readers += 1
-
-    def release_read(self) -> None:
-        with self._cond:
-            self._readers -= 1
-            if not self._readers:
-                self._cond.notify_all()
-
-    def acquire_write(self) -> None:
-        with self._cond:
-            self._waiting += 1
-            while self._writer or self._readers:
-                self._cond.wait()
-            self._waiting -= 1
-            self._writer = True
-
-    def release_write(self) -> None:
-        with self._cond:
-            self._writer = False
-            self._cond.notify_all()
-
-
-class _Read:
-    def __init__(self, lock: RWLock):
-        self.lock = lock
-
-    def __enter__(self):
-        self.lock.acquire_read()
-
-    def __exit__(self, *exc):
-        self.lock.release_read()
 
 
 def dataset_lock(directory):
@@ -223,13 +182,14 @@ class _LiveRelation:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
 
     def set_rows(self, rows: dict[int, tuple[np.ndarray, np.ndarray]]) -> None:
-        """Write new versions of rows (called under the write lock)."""
+        """Write new versions of rows (on this version's copy, before it is published)."""
         total = sum(r[0].shape[0] for r in rows.values())
         self.p_indices = _grow(self.p_indices, self.p_used + total, -1)
         self.p_eid = _grow(self.p_eid, self.p_used + total, -1)
         top = max(rows) + 1
-        self.p_start = _grow(self.p_start, top, -1)
-        self.p_deg = _grow(self.p_deg, top, 0)
+        # the row table is this version's own (copy-on-write): older versions keep theirs
+        self.p_start = _grow(self.p_start.copy(), top, -1)
+        self.p_deg = _grow(self.p_deg.copy(), top, 0)
         for v, (src, eid) in rows.items():
             n = src.shape[0]
             self.p_indices[self.p_used : self.p_used + n] = src
@@ -249,7 +209,7 @@ class _LiveRelation:
         return out
 
     def add_edge_rows(self, rows: torch.Tensor) -> None:
-        """Append the features of newly added edges (under the write lock)."""
+        """Append the features of newly added edges (before the version is published)."""
         need = self.e_used + rows.shape[0]
         if need > self.e_over.shape[0]:
             grown = torch.zeros(max(need, 2 * self.e_over.shape[0], 16), self.e_over.shape[1])
@@ -297,7 +257,7 @@ class _LiveFeatures:
         self.used = 0
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """``[len(ids), F]`` rows of the current version (called under the read lock)."""
+        """``[len(ids), F]`` rows of this version."""
         n = ids.shape[0]
         over = self.over_idx
         if over.shape[0] == 0:
@@ -319,8 +279,9 @@ class _LiveFeatures:
         return out
 
     def set_rows(self, ids: np.ndarray, rows: torch.Tensor) -> None:
-        """Replace or add rows (under the write lock)."""
-        self.over_idx = _grow(self.over_idx, int(ids.max()) + 1, -1)
+        """Replace or add rows: always into fresh slots of the shared append-only buffer, and
+        a copied index, so an older version still reads its own rows."""
+        self.over_idx = _grow(self.over_idx.copy(), int(ids.max()) + 1, -1)
         need = self.used + ids.shape[0]
         if need > self.over_rows.shape[0]:
             grown = torch.zeros(max(need, 2 * self.over_rows.shape[0], 16), self.width)
@@ -328,12 +289,9 @@ class _LiveFeatures:
             grown[: self.used] = self.over_rows[: self.used]
             self.over_rows = grown
         for i, v in enumerate(ids.tolist()):
-            slot = self.over_idx[v]
-            if slot < 0:
-                slot = self.used
-                self.used += 1
-                self.over_idx[v] = slot
-            self.over_rows[slot] = rows[i]
+            self.over_rows[self.used] = rows[i]
+            self.over_idx[v] = self.used
+            self.used += 1
 
 
 def _ids(values, what: str) -> np.ndarray:
@@ -342,6 +300,34 @@ def _ids(values, what: str) -> np.ndarray:
     except (TypeError, ValueError, OverflowError):
         raise UpdateError(f"{what}: a list of integer ids") from None
     return a
+
+
+class Version:
+    """One immutable version of a live graph: node counts, relations, feature overlays.
+
+    Attributes:
+        seq: the last update it includes.
+        num_nodes: node type -> count.
+        rels: edge type -> its relation (base CSR + this version's patched rows).
+        features: node type -> its feature rows (base table + this version's overlay).
+    """
+
+    def __init__(self, seq: int, num_nodes: dict, rels: dict, features: dict):
+        self.seq = seq
+        self.num_nodes = num_nodes
+        self.rels = rels
+        self.features = features
+
+
+class _Reading:
+    def __init__(self, version: Version):
+        self.version = version
+
+    def __enter__(self) -> Version:
+        return self.version
+
+    def __exit__(self, *exc) -> None:
+        return None
 
 
 class LiveGraph:
@@ -355,18 +341,20 @@ class LiveGraph:
 
     def __init__(self, graph: HeteroGraph, tables: dict | None = None, durable: bool = True):
         self.graph = graph
-        self.lock = RWLock()
-        self._writer = threading.Lock()  # one update at a time, validation to apply
-        self.num_nodes = dict(graph.num_nodes)
-        self.rels = {
-            et: _LiveRelation(r, graph.edge_features.get(et)) for et, r in graph.relations.items()
-        }
+        self._writer = threading.Lock()  # one update at a time, validation to publish
         tables = tables if tables is not None else graph.features
-        self.features = {
-            t: _LiveFeatures(tables[t], graph.num_nodes[t], int(graph.features[t].shape[1]))
-            for t in graph.features
-        }
-        self.seq = int(graph.manifest.get("compacted_seq", 0))
+        self.version = Version(
+            int(graph.manifest.get("compacted_seq", 0)),
+            dict(graph.num_nodes),
+            {
+                et: _LiveRelation(r, graph.edge_features.get(et))
+                for et, r in graph.relations.items()
+            },
+            {
+                t: _LiveFeatures(tables[t], graph.num_nodes[t], int(graph.features[t].shape[1]))
+                for t in graph.features
+            },
+        )
         self.listeners: list = []  # called with (op, record) after each applied update
         self.compacting = False
         self.log = UpdateLog(graph.path) if durable and graph.path is not None else None
@@ -376,12 +364,29 @@ class LiveGraph:
                     self._validate(rec)
                 except UpdateError as e:
                     raise ValueError(f"{self.log.path}: record {rec.get('seq')}: {e}") from None
-                self._apply(rec)
-                self.seq = rec["seq"]
+                self.version = self._apply(rec)[0]
 
-    def reading(self) -> _Read:
-        """``with live.reading():`` one consistent version for a batch's sample and gather."""
-        return _Read(self.lock)
+    # the latest version's parts (what validation and materialise read)
+    @property
+    def seq(self) -> int:
+        return self.version.seq
+
+    @property
+    def num_nodes(self) -> dict:
+        return self.version.num_nodes
+
+    @property
+    def rels(self) -> dict:
+        return self.version.rels
+
+    @property
+    def features(self) -> dict:
+        return self.version.features
+
+    def reading(self) -> _Reading:
+        """``with live.reading() as version:`` the version a batch samples and gathers from
+        (the current one; it never changes under the batch)."""
+        return _Reading(self.version)
 
     # ---------------------------------------------------------------- updates
     def update(self, record: dict) -> dict:
@@ -405,12 +410,8 @@ class LiveGraph:
             rec["seq"] = self.seq + 1
             if self.log is not None:
                 self.log.append(rec)
-            self.lock.acquire_write()
-            try:
-                result = self._apply(rec)
-                self.seq = rec["seq"]
-            finally:
-                self.lock.release_write()
+            version, result = self._apply(rec)
+            self.version = version  # the publish: one reference assignment
             for fn in self.listeners:
                 fn(rec["op"], rec)
             return {"seq": rec["seq"], **result}
@@ -519,32 +520,40 @@ class LiveGraph:
             bad = int(ids.max()) if ids.max() >= n else int(ids.min())
             raise UpdateError(f"{op}: {t} id {bad} is not in [0, {n})", status=404)
 
-    def _apply(self, rec: dict) -> dict:
+    def _apply(self, rec: dict) -> tuple[Version, dict]:
+        """The next version with ``rec`` applied (copy-on-write; the current one untouched)
+        and what the update did."""
+        import copy
+
+        cur = self.version
+        num_nodes, rels, features = dict(cur.num_nodes), dict(cur.rels), dict(cur.features)
+        nxt = Version(rec["seq"], num_nodes, rels, features)
         op = rec["op"]
         if op == "add_nodes":
             t = rec["node_type"]
-            start = self.num_nodes[t]
-            feats = self.features.get(t)
-            if feats is not None:
+            start = num_nodes[t]
+            if t in features:
                 rows = torch.tensor(rec["features"], dtype=torch.float32)
                 n = rows.shape[0]
-                feats.set_rows(np.arange(start, start + n, dtype=np.int64), rows)
+                features[t] = copy.copy(features[t])
+                features[t].set_rows(np.arange(start, start + n, dtype=np.int64), rows)
             else:
                 n = int(rec["count"])
-            self.num_nodes[t] = start + n
-            return {"node_type": t, "ids": list(range(start, start + n))}
+            num_nodes[t] = start + n
+            return nxt, {"node_type": t, "ids": list(range(start, start + n))}
         if op == "set_features":
             t = rec["node_type"]
             ids = np.asarray(rec["ids"], dtype=np.int64)
-            self.features[t].set_rows(ids, torch.tensor(rec["features"], dtype=torch.float32))
-            return {"node_type": t, "ids": rec["ids"]}
+            features[t] = copy.copy(features[t])
+            features[t].set_rows(ids, torch.tensor(rec["features"], dtype=torch.float32))
+            return nxt, {"node_type": t, "ids": rec["ids"]}
         et = parse_edge_type(rec["edge_type"])
-        rel = self.rels[et]
+        rel = rels[et] = copy.copy(rels[et])
         src = np.asarray(rec["src"], dtype=np.int64)
         dst = np.asarray(rec["dst"], dtype=np.int64)
         rows = {}
         if op == "add_edges" and rel.efeat is not None:
-            # edge ids are handed out in record order below (per destination, in order)
+            # edge ids are handed out in this order below (per destination, record order)
             order = np.concatenate([np.nonzero(dst == d)[0] for d in np.unique(dst)])
             feats = torch.tensor(rec["edge_features"], dtype=torch.float32)[torch.from_numpy(order)]
             rel.add_edge_rows(feats)
@@ -559,7 +568,7 @@ class LiveGraph:
                 keep = ~np.isin(cur_src, mine)
                 rows[d] = (cur_src[keep].copy(), cur_eid[keep].copy())
         rel.set_rows(rows)
-        return {"edge_type": rec["edge_type"], "edges": int(src.shape[0])}
+        return nxt, {"edge_type": rec["edge_type"], "edges": int(src.shape[0])}
 
     # ---------------------------------------------------------------- views
     def materialise(self) -> HeteroGraph:
