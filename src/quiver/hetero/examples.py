@@ -26,6 +26,16 @@ class _Inputs(nn.Module):
         return {t: self.lin[t](x) if t in self.lin else self.emb[t](x) for t, x in x_dict.items()}
 
 
+def _layers(convs, h: dict, edge_index_dict: dict, **kwargs) -> dict:
+    """Run ``HeteroConv`` layers, ReLU between them; a type no relation reaches keeps zeros."""
+    for i, conv in enumerate(convs):
+        out = conv(h, edge_index_dict, **kwargs)
+        h = {t: out.get(t, torch.zeros_like(v)) for t, v in h.items()}
+        if i < len(convs) - 1:
+            h = {t: v.relu() for t, v in h.items()}
+    return h
+
+
 class HeteroSAGE(nn.Module):
     """``HeteroConv`` of ``SAGEConv`` per relation (sum over relations), ReLU between layers."""
 
@@ -43,13 +53,7 @@ class HeteroSAGE(nn.Module):
         self.head = nn.Linear(hidden, out_dim)
 
     def embed(self, x_dict, edge_index_dict):
-        h = self.inputs(x_dict)
-        for i, conv in enumerate(self.convs):
-            out = conv(h, edge_index_dict)
-            h = {t: out.get(t, torch.zeros_like(v)) for t, v in h.items()}
-            if i < len(self.convs) - 1:
-                h = {t: v.relu() for t, v in h.items()}
-        return h
+        return _layers(self.convs, self.inputs(x_dict), edge_index_dict)
 
     def forward(self, x_dict, edge_index_dict):
         return {self.target: self.head(self.embed(x_dict, edge_index_dict)[self.target])}
@@ -155,12 +159,7 @@ class HeteroGAT(nn.Module):
         self.head = nn.Linear(hidden, out_dim)
 
     def forward(self, x_dict, edge_index_dict, edge_attr_dict):
-        h = self.inputs(x_dict)
-        for i, conv in enumerate(self.convs):
-            out = conv(h, edge_index_dict, edge_attr_dict=edge_attr_dict)
-            h = {t: out.get(t, torch.zeros_like(v)) for t, v in h.items()}
-            if i < len(self.convs) - 1:
-                h = {t: v.relu() for t, v in h.items()}
+        h = _layers(self.convs, self.inputs(x_dict), edge_index_dict, edge_attr_dict=edge_attr_dict)
         return {self.target: self.head(h[self.target])}
 
 

@@ -27,7 +27,13 @@ from torch import Tensor, nn
 
 from quiver.hetero.sampler import HeteroBatch
 
-__all__ = ["HeteroFeatures", "HeteroInput", "HeteroServedModel", "load_hetero_model"]
+__all__ = [
+    "HeteroFeatures",
+    "HeteroInput",
+    "HeteroServedModel",
+    "load_hetero_model",
+    "read_hetero_checkpoint",
+]
 
 
 class HeteroInput:
@@ -174,8 +180,22 @@ def _materialise(module: nn.Module, probe: HeteroInput | None) -> None:
             module(*args)
 
 
+def read_hetero_checkpoint(checkpoint):
+    """The checkpoint file's contents (weights-only load), or a one-line error."""
+    from quiver.usermodel import _check_readable, _one_line
+
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise FileNotFoundError(f"--checkpoint {path}: no such file")
+    _check_readable(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ValueError(f"--checkpoint {path}: cannot load ({_one_line(e)})") from None
+
+
 def load_hetero_model(
-    checkpoint, model: str | None = None, trust_pickle: bool = False, probe=None
+    checkpoint, model: str | None = None, trust_pickle: bool = False, probe=None, obj=None
 ) -> tuple[nn.Module, dict]:
     """Build and load the module a factory checkpoint names (``quiver.usermodel.save_model``).
 
@@ -184,6 +204,8 @@ def load_hetero_model(
         model: ``package.module:function`` to build it (confirms the checkpoint's factory).
         trust_pickle: call the checkpoint's own factory without ``model``.
         probe: a :class:`HeteroInput` to run once before loading (materialises lazy modules).
+        obj: the file's contents when the caller read them already
+            (:func:`read_hetero_checkpoint`), so a large checkpoint is read once.
 
     Returns:
         ``(module, info)``; ``info`` has ``kind`` and the checkpoint's ``fanouts`` (or None).
@@ -191,22 +213,11 @@ def load_hetero_model(
     Raises:
         FileNotFoundError, ValueError: one line naming the file or option.
     """
-    from quiver.usermodel import (
-        _build,
-        _check_readable,
-        _fit_state_dict,
-        _one_line,
-        _recorded_factory,
-    )
+    from quiver.usermodel import _build, _fit_state_dict, _recorded_factory
 
     path = Path(checkpoint)
-    if not path.is_file():
-        raise FileNotFoundError(f"--checkpoint {path}: no such file")
-    _check_readable(path)
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise ValueError(f"--checkpoint {path}: cannot load ({_one_line(e)})") from None
+    if obj is None:
+        obj = read_hetero_checkpoint(path)
     recorded = _recorded_factory(path, obj)
     if recorded is None:
         if not (

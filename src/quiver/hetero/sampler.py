@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from quiver.hetero.graph import HeteroGraph, edge_type_name, parse_edge_type
-from quiver.sampling._cpu_kernel import _row_positions, stream_key
+from quiver.sampling._cpu_kernel import _map_row, _row_positions, row_offsets, stream_key
 
 __all__ = ["HeteroBatch", "HeteroSampler", "resolve_fanouts"]
 
@@ -88,25 +88,17 @@ def _sample_patched(
         else:
             starts[i] = 0
             degs[i] = 0
-    offs = np.empty(nt + 1, dtype=np.int64)
-    offs[0] = 0
-    for i in range(nt):
-        d = degs[i]
-        offs[i + 1] = offs[i] + (d if (k < 0 or d <= k) else k)
+    offs = row_offsets(degs, k)
     m = offs[nt]
     cols = np.empty(m, dtype=np.int64)
     eids = np.empty(m, dtype=np.int64)
     for i in range(nt):
         _row_positions(degs[i], k, key, i, eids, offs[i])
-    for i in range(nt):
-        for e in range(offs[i], offs[i + 1]):
-            p = starts[i] + eids[e]
-            if patched[i]:
-                cols[e] = p_indices[p]
-                eids[e] = p_eid[p]
-            else:
-                cols[e] = indices[p]
-                eids[e] = eid[p]
+    for i in range(nt):  # the homogeneous kernel's row mapping, from one of the two stores
+        if patched[i]:
+            _map_row(p_indices, p_eid, True, starts[i], offs[i], offs[i + 1], cols, eids)
+        else:
+            _map_row(indices, eid, True, starts[i], offs[i], offs[i + 1], cols, eids)
     return offs, cols, eids
 
 

@@ -26,7 +26,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from quiver.hetero.graph import HeteroGraph, edge_type_name
-from quiver.hetero.model import HeteroFeatures, HeteroServedModel, load_hetero_model
+from quiver.hetero.model import (
+    HeteroFeatures,
+    HeteroServedModel,
+    load_hetero_model,
+    read_hetero_checkpoint,
+)
 from quiver.hetero.sampler import HeteroSampler, resolve_fanouts
 from quiver.hetero.workload import hetero_fap, hetero_psgs, hot_rows, relation_edges
 from quiver.serving.config import ServeConfig
@@ -155,12 +160,8 @@ class HeteroServer:
                 raise ValueError(
                     f"--target {t}: no such node type; the graph has {', '.join(graph.num_nodes)}"
                 )
-        ckpt_fanouts = None
-        try:
-            obj = torch.load(checkpoint, map_location="cpu", weights_only=True)
-            ckpt_fanouts = obj.get("fanouts") if isinstance(obj, dict) else None
-        except Exception:
-            pass  # load_hetero_model reports an unreadable checkpoint in one line
+        obj = read_hetero_checkpoint(checkpoint)  # read once: its fanouts, then its weights
+        ckpt_fanouts = obj.get("fanouts") if isinstance(obj, dict) else None
         fanouts = _parse_fanouts(fanouts) or ckpt_fanouts or manifest.get("fanouts")
         if not fanouts:
             raise ValueError("no fanouts: pass --fanouts (e.g. 15,10: one per model layer)")
@@ -190,7 +191,7 @@ class HeteroServer:
         features = HeteroFeatures(tables, live=live, edge_tables=graph.edge_features)
         probe_node = {targets[0]: torch.zeros(1, dtype=torch.int64)}
         probe = features[sampler.sample(probe_node)] if graph.num_nodes[targets[0]] else None
-        module, minfo = load_hetero_model(checkpoint, model, trust_pickle, probe)
+        module, minfo = load_hetero_model(checkpoint, model, trust_pickle, probe, obj=obj)
         psgs = hetero_psgs(graph, fanouts)
         engines = {
             t: Engine(

@@ -142,11 +142,23 @@ class UpdateLog:
 # --------------------------------------------------------------------------- live graph
 
 
-def _grow(a: np.ndarray, need: int, fill) -> np.ndarray:
+def _grow(a: np.ndarray, need: int, fill, copy: bool = False) -> np.ndarray:
+    """``a`` with room for ``need`` entries (new ones ``fill``); a new array when it grows, or
+    when ``copy`` (copy-on-write: the caller's version gets its own)."""
     if need <= a.shape[0]:
-        return a
+        return a.copy() if copy else a
     out = np.full(max(need, 2 * a.shape[0], 16), fill, dtype=a.dtype)
     out[: a.shape[0]] = a
+    return out
+
+
+def _grow_rows(t: torch.Tensor, used: int, need: int) -> torch.Tensor:
+    """An append-only row buffer with room for ``need`` rows (its first ``used`` kept): ``t``
+    itself while it fits, so older versions share it (they never read past their own fill)."""
+    if need <= t.shape[0]:
+        return t
+    out = torch.zeros(max(need, 2 * t.shape[0], 16), t.shape[1], dtype=t.dtype)
+    out[:used] = t[:used]
     return out
 
 
@@ -188,8 +200,8 @@ class _LiveRelation:
         self.p_eid = _grow(self.p_eid, self.p_used + total, -1)
         top = max(rows) + 1
         # the row table is this version's own (copy-on-write): older versions keep theirs
-        self.p_start = _grow(self.p_start.copy(), top, -1)
-        self.p_deg = _grow(self.p_deg.copy(), top, 0)
+        self.p_start = _grow(self.p_start, top, -1, copy=True)
+        self.p_deg = _grow(self.p_deg, top, 0, copy=True)
         for v, (src, eid) in rows.items():
             n = src.shape[0]
             self.p_indices[self.p_used : self.p_used + n] = src
@@ -211,10 +223,7 @@ class _LiveRelation:
     def add_edge_rows(self, rows: torch.Tensor) -> None:
         """Append the features of newly added edges (before the version is published)."""
         need = self.e_used + rows.shape[0]
-        if need > self.e_over.shape[0]:
-            grown = torch.zeros(max(need, 2 * self.e_over.shape[0], 16), self.e_over.shape[1])
-            grown[: self.e_used] = self.e_over[: self.e_used]
-            self.e_over = grown
+        self.e_over = _grow_rows(self.e_over, self.e_used, need)
         self.e_over[self.e_used : need] = rows
         self.e_used = need
 
@@ -281,17 +290,12 @@ class _LiveFeatures:
     def set_rows(self, ids: np.ndarray, rows: torch.Tensor) -> None:
         """Replace or add rows: always into fresh slots of the shared append-only buffer, and
         a copied index, so an older version still reads its own rows."""
-        self.over_idx = _grow(self.over_idx.copy(), int(ids.max()) + 1, -1)
-        need = self.used + ids.shape[0]
-        if need > self.over_rows.shape[0]:
-            grown = torch.zeros(max(need, 2 * self.over_rows.shape[0], 16), self.width)
-            grown = grown.to(self.over_rows.dtype)
-            grown[: self.used] = self.over_rows[: self.used]
-            self.over_rows = grown
-        for i, v in enumerate(ids.tolist()):
-            self.over_rows[self.used] = rows[i]
-            self.over_idx[v] = self.used
-            self.used += 1
+        self.over_idx = _grow(self.over_idx, int(ids.max()) + 1, -1, copy=True)
+        need = self.used + ids.shape[0]  # ids are distinct (validated)
+        self.over_rows = _grow_rows(self.over_rows, self.used, need)
+        self.over_rows[self.used : need] = rows.to(self.over_rows.dtype)
+        self.over_idx[ids] = np.arange(self.used, need, dtype=np.int64)
+        self.used = need
 
 
 def _ids(values, what: str) -> np.ndarray:
