@@ -323,7 +323,9 @@ class AnalyticalCostModel(CostModel):
         from maestro.estimate.hardware import hardware
 
         # looked up once, and each micro-batch priced once: the planner prices millions
-        # (a (section, tp, positions, pairs) key fixes the rest: shapes are per instance)
+        # (a (section, tp, positions, pairs, recompute) key fixes the rest: shapes are per
+        # instance, and the layout copies that differ only in recompute share the cache,
+        # ``maestro.plan.tpmodel.with_layout``)
         self._hw = hardware(self.gpu.hardware)
         self._fw = framework(self.framework)
         self._cache: dict[tuple, tuple[float, float]] = {}
@@ -348,7 +350,7 @@ class AnalyticalCostModel(CostModel):
         if pos <= 0:
             return 0.0, 0.0
         pairs, mean_len = shape.attention(feats)
-        key = (section, tp, pos, pairs)
+        key = (section, tp, pos, pairs, shape.recompute)
         got = self._cache.get(key)
         if got is None:
             if len(self._cache) > 1 << 20:  # bounded: about 200 MB at most

@@ -111,12 +111,15 @@ def test_memory_limit_is_respected_and_forces_tp(kd16):
         _Problem(kd16.samples, kd16.sections, cm, 16, SearchOptions(memory_limit=1e15)),
         "teacher",
     )
-    assert {o.tp for o in tight if o.fsdp == 1} == {2, 4, 8} and 1 in {o.tp for o in loose}
-    assert all(o.fsdp >= 2 for o in tight if o.tp == 1)
+    assert {o.tp for o in tight if o.fsdp == 1 and o.pp == 1} == {2, 4, 8} and 1 in {
+        o.tp for o in loose
+    }
+    assert all(o.fsdp >= 2 for o in tight if o.tp == 1 and o.pp == 1)
     mono = plan_monolithic(kd16.samples, kd16.sections, cm, 16, opts)
     assert all(s.memory <= limit for s in mono.sections.values())
-    # the monolithic replica holds both models: it needs at least the larger tp
-    assert mono.sections["teacher"].tp >= max(s.tp for s in p.sections.values())
+    # the monolithic replica holds both models: it must shard them (tp or fsdp)
+    m = mono.sections["teacher"]
+    assert m.tp * m.fsdp * m.pp >= 2
     with pytest.raises(ValueError, match="fits"):
         plan_maestro(kd16.samples, kd16.sections, cm, 16, SearchOptions(memory_limit=1e9))
     with pytest.raises(ValueError, match="no monolithic layout fits"):
@@ -126,7 +129,15 @@ def test_memory_limit_is_respected_and_forces_tp(kd16):
 def test_producer_holding_its_batch_needs_enough_replicas(mllm16):
     # the trainable vision encoder runs all forwards before its backwards, so its kept
     # activations shrink only with more replicas: a tight limit without recompute needs dp
-    opts = SearchOptions(recompute_choices=(False,), tp_choices=(1,), memory_limit=20e9)
+    # (per-section layouts only: a whole-model replica holds no batch of activations, and
+    # under GPU-hours a one-GPU whole-model plan may win)
+    opts = SearchOptions(
+        recompute_choices=(False,),
+        tp_choices=(1,),
+        memory_limit=20e9,
+        pp_choices=(1,),
+        include_monolithic=False,
+    )
     wl = replace(mllm16, sections=[s for s in mllm16.sections if s.name != "audio"])
     wl.sections[-1] = replace(wl.sections[-1], inputs=("vision",))
     samples = [replace(s, sections=s.sections - {"audio"}) for s in wl.samples]

@@ -40,7 +40,13 @@ SAMPLES = [
     for i in range(32)
 ]
 #: no FSDP and no ZeRO-1: the 7B LLM (~119 GB of state) must be split by tp to fit 72 GB
-NO_SHARDING = {"fsdp_choices": (1,), "zero1": False, "include_monolithic": False}
+# (no pipeline stages either: they shard the state too)
+NO_SHARDING = {
+    "fsdp_choices": (1,),
+    "zero1": False,
+    "include_monolithic": False,
+    "pp_choices": (1,),
+}
 
 
 def _model(enc_splits: bool) -> AnalyticalCostModel:

@@ -82,9 +82,11 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--pp",
-        action="store_true",
-        help="also give Maestro's sections pipeline stages (pp 2 and 4, which maestro train "
-        "runs; --out writes them); off by default until the pricing is checked on GPUs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="give Maestro's sections pipeline stages (pp 2 and 4, which maestro train runs; "
+        "--out writes them), priced from their real stages like the baselines' (default on; "
+        "--no-pp searches without: the search nests, so --pp is never worse)",
     )
     p.add_argument(
         "--plot",

@@ -69,7 +69,13 @@ def predict(cfg: TrainConfig, *, monolithic: bool, world: int, steps: int) -> Pr
         cm = _Replicas(cm)
         specs = [replace(s, dp=world, tp=1) for s in specs]
         if cfg.monolithic_order == "balanced":
-            infos = balanced_order(infos, world, cm, [(s.name, s.frozen) for s in specs])
+            infos = balanced_order(
+                infos,
+                world,
+                cm,
+                [(s.name, s.frozen) for s in specs],
+                cfg.monolithic_micro_batch_size,
+            )
         elif cfg.monolithic_order == "tokens":
             infos = token_balanced_order(infos, world)
         sched = monolithic_schedule(

@@ -39,6 +39,7 @@ from maestro.estimate.kernels import (
     layer_cost,
 )
 from maestro.estimate.models import ModelSpec, model
+from maestro.estimate.pipeline import cp_ring_exposed, pipeline_makespan, stage_send_seconds
 
 
 def ring_time(nbytes: float, n: int, hw: Hardware, inside_node: bool) -> float:
@@ -291,9 +292,8 @@ def estimate(
     cp_comm = 0.0
     if lay.cp > 1:
         kv = 2.0 * tokens * spec.kv_dim / lay.tp * 2.0
-        hop = ring_time(kv * lay.cp, lay.cp, hw, lay.cp * lay.tp <= node)  # (cp-1) hops
-        attn = lc.attn_fwd
-        cp_comm = layers_stage * (max(0.0, hop - attn) + max(0.0, 2 * hop - 2.5 * attn))
+        f_cp, b_cp = cp_ring_exposed(kv, lay.cp, lc.attn_fwd, hw, lay.cp * lay.tp <= node)
+        cp_comm = layers_stage * (f_cp + b_cp)
 
     compute_f = layers_stage * lc.fwd + head_f
     compute_b = layers_stage * lc.bwd + head_b
@@ -352,10 +352,11 @@ def estimate(
 
     pipe = m * mb_compute
     bubble = 0.0
-    if lay.pp > 1:
-        bubble = (lay.pp - 1) / lay.vpp * mb_compute
-        p2p = ring_time(2.0 * act * lay.pp, lay.pp, hw, lay.pp * lay.tp * lay.cp <= node)
-        bubble += 2.0 * p2p  # the fill's and the drain's activation sends
+    if lay.pp > 1:  # the busiest stage on every stage: 1F1B replayed (maestro.estimate.pipeline)
+        send = stage_send_seconds(2.0 * act, hw, lay.pp * lay.tp * lay.cp <= node)
+        fwd = [[compute_f] * lay.pp] * m
+        bwd = [[compute_b] * lay.pp] * m
+        bubble = pipeline_makespan(fwd, bwd, send, send, lay.vpp) - pipe
     # Adam: read parameter, gradient and both moments (fp32), write three, write bf16 copy
     optim = 30.0 * shard / (hw.hbm_bw * hw.hbm_eff)
     step = pipe + bubble + exposed + slowdown + optim

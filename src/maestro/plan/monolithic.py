@@ -11,14 +11,13 @@ from maestro.costmodel import CostModel
 from maestro.plan.options import Plan, SearchOptions, SectionPlan
 from maestro.plan.problem import (
     _better,
-    _data_order_work,
     _gb,
     _Problem,
     _shard_bytes,
     _simulate,
     _worst_features,
 )
-from maestro.plan.tpmodel import SectionStrategy, one_f_one_b_bubble
+from maestro.plan.tpmodel import SectionStrategy
 from maestro.schedule.types import SampleInfo, SectionSpec
 
 #: the shortest longest-sample for which the baselines' search offers context parallelism
@@ -64,14 +63,9 @@ def plan_monolithic(
     budget = min(budgets) if budgets else None
     any_trainable = any(not s.frozen for s in p.sections.values())
     fsdps = sorted(set(opts.fsdp_choices)) if p.analytical else [1]
-    open_ = baseline and p.analytical
-    pps = sorted(set(opts.baseline_pp_choices) | {1}) if open_ else [1]
-    longest_sample = max((s.cost.get("tokens", 0.0) for s in p.samples), default=0.0)
-    # context parallelism is for long sequences (torchtitan and Megatron-LM use it from 8k
-    # tokens up): offered when the batch has some
-    cps = [1]
-    if open_ and longest_sample >= CP_MIN_TOKENS:
-        cps = sorted(set(opts.baseline_cp_choices) | {1})
+    # what each side may use: the baselines what Megatron-LM runs (``baseline_pp_choices``,
+    # ``baseline_cp_choices``), Maestro's whole-model candidates what its runtime runs
+    pps, cps = _whole_model_choices(p, opts, baseline)
     works: dict[tuple, tuple[float, float, float]] = {}
     for tp, f, mbs, rc, pp, cp in itertools.product(p.tps, fsdps, mbs_all, p.recomputes, pps, cps):
         if rc and not any_trainable:
@@ -101,14 +95,15 @@ def plan_monolithic(
             work, longest, per_mb = 0.0, 0.0, 0.0
             for n in p.order:
                 sec = replace(p.sections[n], micro_batch_size=mbs, token_budget=budget)
-                w, lg, fwd_mb, bwd_mb = _data_order_work(flat, sec, p.costs[n], not sec.frozen)
+                w, lg, fwd_mb, bwd_mb = p.data_order_work(flat, sec, not sec.frozen)
                 work += w
                 longest += lg
                 per_mb += fwd_mb + bwd_mb
             works[key] = (work, longest, per_mb)
         work, longest, per_mb = (x / pp for x in works[key])
-        # 1F1B's fill and drain: (pp - 1) stage-times of a mean micro-batch per step
-        bubble = one_f_one_b_bubble(pp, per_mb)
+        # 1F1B's fill and drain for the ranking: (pp - 1) stage-times of a mean micro-batch;
+        # the simulated figure replays the real stages (plan.pipelines)
+        bubble = (pp - 1) * per_mb
 
         # replicas: every GPU of the budget, and as plan_maestro allocates (the fewest that
         # fit, ZeRO-1 shrinking the optimizer state with more, then more while the estimate
@@ -125,15 +120,19 @@ def plan_monolithic(
         if p.memory_limit is not None and mem_full - shard * (1 - 1 / dp) > p.memory_limit:
             continue
         est = _mono_estimate(p, cm, width, work, longest, dp) + bubble
+        fewest, cheapest = dp, (est * dp, dp)
         while (
             dp < top and (nxt := _mono_estimate(p, cm, width, work, longest, dp + f) + bubble) < est
         ):
             dp, est = dp + f, nxt
-        # (the same allocation rule as plan_maestro's: the fewest that fit, then more while
-        # the estimate shortens; and the whole budget. A sweep down to the fewest GPUs would
-        # hand the baselines a freedom Maestro's allocator does not have: under GPU-hours a
-        # single 8-GPU pipeline with 70 s steps then "wins")
-        for d in sorted({dp, top}):
+            cheapest = min(cheapest, (est * dp, dp))
+        # the same allocation rule as plan_maestro's (plan.problem._allocate): the fewest
+        # that fit, then more while the estimate shortens, and under GPU-hours the cheapest
+        # point on the way (the budget is a cap, for both sides); and the whole budget
+        points = {fewest, dp, top}
+        if opts.objective == "gpu_hours":
+            points.add(cheapest[1])
+        for d in sorted(points):
             mem = mem_full - shard * (1 - 1 / d)
             e = _mono_estimate(p, cm, width, work, longest, d) + bubble
             cands.append((e, width, mbs, rc, d, mem, cm, f, tp, pp, cp, bubble))
@@ -154,13 +153,14 @@ def plan_monolithic(
             kinds.add(c[8:11])
             picked.append(c)
     best = None
-    for est, width, mbs, rc, dp, mem, cm, f, tp, pp, cp, bubble in picked:
+    for est, width, mbs, rc, dp, mem, cm, f, tp, pp, cp, _bubble in picked:
         specs = [
             replace(p.sections[n], dp=dp, micro_batch_size=mbs, token_budget=budget)
             for n in p.order
         ]
-        step, bound, first = _simulate(p, specs, cm, monolithic=True, mbs=mbs)
-        step, bound, first = step + bubble, bound + bubble, first + bubble
+        step, bound, first = _simulate(
+            p, specs, cm, monolithic=True, mbs=mbs, pipelines=[(tuple(p.order), pp)]
+        )
         if best is None or _better(dp * width, step, best, opts.objective):
             best = Plan(
                 sections={
@@ -188,6 +188,25 @@ def plan_monolithic(
     best.candidates = len(cands)
     best.simulated = len(picked)
     return best
+
+
+def _whole_model_choices(p: _Problem, opts: SearchOptions, baseline: bool):
+    """``(pp degrees, cp degrees)`` a whole-model layout may use: a baseline's (Megatron-LM's),
+    or none for Maestro's own (its runtime's whole-model mode runs plain replicas). Pipelines
+    need as many blocks in every sequence section as stages; context parallelism is for long
+    sequences (torchtitan and Megatron-LM use it from 8k tokens up), offered when the batch
+    has some."""
+    if not p.analytical or not baseline:
+        # maestro train --monolithic runs plain replicas: Maestro's own pipelines and CP
+        # groups are per section (plan_maestro), where its runtime runs them
+        return [1], [1]
+    pp_set, cp_set = opts.baseline_pp_choices, opts.baseline_cp_choices
+    seq = [p.cm.shapes[n].layers for n in p.order if p.cm.shapes[n].unit == "tokens"]
+    most = min(seq) if seq else min(p.cm.shapes[n].layers for n in p.order)
+    pps = sorted({1} | {k for k in pp_set if k <= most})
+    longest = max((s.cost.get("tokens", 0.0) for s in p.samples), default=0.0)
+    cps = sorted({1} | set(cp_set)) if longest >= CP_MIN_TOKENS and seq else [1]
+    return pps, cps
 
 
 def _mono_estimate(p: _Problem, cm, width: int, work: float, longest: float, dp: int) -> float:

@@ -131,7 +131,8 @@ class SearchOptions:
     batches: Sequence[Sequence[SampleInfo]] = ()
     zero1: bool = True
     objective: str = "gpu_hours"
-    pp_choices: Sequence[int] = (1,)
+    pp_choices: Sequence[int] = (1, 2, 4)
+    cp_choices: Sequence[int] = (1,)
     baseline_pp_choices: Sequence[int] = (1, 2, 4, 8)
     baseline_cp_choices: Sequence[int] = (1, 2, 4)
 

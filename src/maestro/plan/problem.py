@@ -40,11 +40,12 @@ class _Option:
     zero: int = 0
     pp: int = 1  # pipeline stages per replica (work, longest: stage times)
     bubble: float = 0.0  # 1F1B fill and drain per step (``(pp - 1)`` stage micro-batches)
+    cp: int = 1  # context-parallel ranks sharing each sequence
 
     @property
     def width(self) -> int:
-        """Ranks one more replica group takes: ``fsdp * pp * tp``."""
-        return self.fsdp * self.pp * self.tp
+        """Ranks one more replica group takes: ``fsdp * pp * cp * tp``."""
+        return self.fsdp * self.pp * self.cp * self.tp
 
     def strategy(self) -> SectionStrategy:
         return SectionStrategy(
@@ -54,6 +55,7 @@ class _Option:
             recompute=self.recompute,
             pp=self.pp,
             pp_shared=self.pp > 1,
+            cp=self.cp,
         )
 
 
@@ -193,6 +195,39 @@ class _Problem:
         gcons = grad_consumers(sections)
         self.roles = {n: role(self.sections[n], gcons) for n in self.order}
         self.costs = {n: [s.cost for s in self.samples if n in s.sections] for n in self.order}
+        # the batch's identity per section: each (layout, micro-batch cut) is priced once per
+        # cost model, shared by every search that plans this batch on it (Maestro's and the
+        # baselines', ``data_order_work``)
+        self._costs_key = {
+            n: hash(tuple(tuple(sorted(c.items())) for c in cs)) for n, cs in self.costs.items()
+        }
+        memo = getattr(cost_model, "_plan_memo", None)
+        if memo is None:
+            memo = {}
+            try:
+                cost_model._plan_memo = memo
+            except AttributeError:  # a model that takes no attributes: per problem
+                pass
+        self._memo = memo
+
+    def data_order_work(self, cm: CostModel, sec: SectionSpec, trainable: bool):
+        """``_data_order_work`` of section ``sec`` on layout ``cm`` over this batch, memoised
+        by (section, its strategy, micro-batch size, token budget, the batch)."""
+        strat = cm.strategy(sec.name) if isinstance(cm, LayoutCostModel) else None
+        key = (
+            sec.name,
+            strat,
+            sec.micro_batch_size,
+            sec.token_budget,
+            trainable,
+            self._costs_key[sec.name],
+        )
+        got = self._memo.get(key)
+        if got is None:
+            if len(self._memo) > 1 << 16:
+                self._memo.clear()
+            got = self._memo[key] = _data_order_work(cm, sec, self.costs[sec.name], trainable)
+        return got
 
     def model(
         self, tp: dict[str, int], rc: dict[str, bool], strategies: dict | None = None
@@ -256,6 +291,19 @@ class _Problem:
         layers = self.cm.shapes[n].layers
         return sorted({1} | {k for k in self.opts.pp_choices if 1 < k <= layers})
 
+    def cp_choices(self, n: str) -> list[int]:
+        """Context-parallel degrees Maestro's runtime can give section ``n``
+        (``SearchOptions.cp_choices``): analytical models, a sequence section (``tokens``)
+        whose longest sample has at least ``2 * cp`` tokens and reaches ``CP_MIN_TOKENS``."""
+        if not self.analytical or self.cm.shapes[n].unit != "tokens":
+            return [1]
+        from maestro.plan.monolithic import CP_MIN_TOKENS
+
+        longest = max((c.get("tokens", 0.0) for c in self.costs[n]), default=0.0)
+        if longest < CP_MIN_TOKENS:
+            return [1]
+        return sorted({1} | {k for k in self.opts.cp_choices if 2 * k <= longest})
+
     def mbs_choices(self, n: str) -> list[int]:
         cap = max(1, len(self.costs[n]))
         # a measured model's fit is not extrapolated beyond its largest measured micro-batch
@@ -279,10 +327,12 @@ def _section_options(p: _Problem, n: str, standalone: bool = True) -> list[_Opti
     works: dict[tuple, tuple] = {}  # zero changes memory and the tail, not the micro-batches
     # pipeline stages: the runtime's pp (not inside a colocated group, not with ZeRO-1)
     pps = p.pp_choices(n) if standalone else [1]
-    for (tp, f, z, rc), mbs, pp in itertools.product(p.choices(n), p.mbs_choices(n), pps):
+    cps = p.cp_choices(n) if standalone else [1]
+    grid = itertools.product(p.choices(n), p.mbs_choices(n), pps, cps)
+    for (tp, f, z, rc), mbs, pp, cp in grid:
         if pp > 1 and z:
             continue
-        strat = SectionStrategy(tp=tp, fsdp=f, zero=z, recompute=rc, pp=pp, pp_shared=pp > 1)
+        strat = SectionStrategy(tp=tp, fsdp=f, zero=z, recompute=rc, pp=pp, pp_shared=pp > 1, cp=cp)
         cm = p.model({}, {}, {n: strat})
         spec = replace(sec, micro_batch_size=mbs)
         min_dp, mem, mem_one = 1, 0.0, 0.0
@@ -296,15 +346,15 @@ def _section_options(p: _Problem, n: str, standalone: bool = True) -> list[_Opti
                 fixed = cm.memory_bytes(n, {"samples": 1.0}, trainable)
                 # (a pipeline stage holds its 1/pp of the blocks' activations)
                 held = (cm.memory_bytes(n, total, trainable) - fixed) / (f * pp)
-            got = _fit(p, mem_one, _shard_bytes(p, n, tp, z), held, tp * f)
+            got = _fit(p, mem_one, _shard_bytes(p, n, tp, z), held, tp * f * pp * cp)
             if got is None:
                 continue
             min_dp, mem = got
-        if min_dp * tp * f * pp > p.gpus:
+        if min_dp * tp * f * pp * cp > p.gpus:
             continue
-        key = (tp, f, rc, mbs, pp)
+        key = (tp, f, rc, mbs, pp, cp)
         if key not in works:
-            works[key] = _data_order_work(cm, spec, costs, trainable)
+            works[key] = p.data_order_work(cm, spec, trainable)
         work, longest, fwd_mb, bwd_mb = works[key]
         # stage times: a replica's throughput; its consumers wait for all pp stages (the
         # fill and drain of the layout use whole-replica latencies) and 1F1B adds (pp - 1)
@@ -313,14 +363,14 @@ def _section_options(p: _Problem, n: str, standalone: bool = True) -> list[_Opti
         out.append(
             _Option(
                 tp, mbs, rc, work, longest, fwd_mb * pp, bwd_mb * pp, min_dp, mem, mem_one, f, z,
-                pp, bubble,
+                pp, bubble, cp,
             )
         )  # fmt: skip
     # micro-batch sizes beyond the token budget change nothing: keep the smallest of equals
     # (and of equal options, the plainer: no ZeRO where it buys nothing)
     seen, kept = set(), []
     for o in sorted(out, key=lambda o: o.zero):
-        key = (o.tp, o.fsdp, o.pp, o.recompute, round(o.work, 9), o.min_dp)
+        key = (o.tp, o.fsdp, o.pp, o.cp, o.recompute, round(o.work, 9), o.min_dp)
         if key not in seen:
             seen.add(key)
             kept.append(o)
@@ -499,13 +549,26 @@ def _estimate(p: _Problem, u: _Unit, o, dp: int) -> float:
 
 
 def _allocate(p: _Problem, units: dict[str, _Unit], combo: dict) -> tuple[dict, float] | None:
-    """Deal GPUs to the bottleneck unit; ``(dp per unit, estimated step)`` or None."""
+    """Deal GPUs to the bottleneck unit; ``(dp per unit, estimated step)`` or None.
+
+    Under the ``gpu_hours`` objective the budget is a cap, not a target: of every point the
+    dealing passes (each a plan within a smaller budget), the one with the fewest estimated
+    GPU-seconds per step is returned, so a larger budget only adds points and never yields
+    a worse allocation. ``step_time``: the last point (the fastest)."""
     dp = {n: o.min_dp for n, o in combo.items()}
     left = p.gpus - sum(dp[n] * o.width for n, o in combo.items())
     if left < 0:
         return None
     heap = [(-_estimate(p, units[n], o, dp[n]), n) for n, o in combo.items()]
     heapq.heapify(heap)
+    tail = _fill_drain(units, combo)
+    hours = p.opts.objective == "gpu_hours"
+
+    def point():
+        step = max(-t for t, _ in heap) + tail
+        return step * (p.gpus - left) if hours else step, dict(dp), step
+
+    best = point()
     while heap:
         neg, n = heap[0]
         o = combo[n]
@@ -517,7 +580,10 @@ def _allocate(p: _Problem, units: dict[str, _Unit], combo: dict) -> tuple[dict, 
         dp[n] += 1
         left -= o.width
         heapq.heapreplace(heap, (-new, n))
-    return dp, max(-t for t, _ in heap) + _fill_drain(units, combo)
+        got = point()
+        if got[0] < best[0] * (1 - 1e-12) or not hours:
+            best = got
+    return best[1], best[2]
 
 
 def _fill_drain(units: dict[str, _Unit], combo: dict) -> float:
@@ -537,21 +603,34 @@ def _fill_drain(units: dict[str, _Unit], combo: dict) -> float:
 
 
 def _simulate(
-    p: _Problem, specs, cm: CostModel, monolithic: bool, mbs=None, groups=None, units=None
+    p: _Problem,
+    specs,
+    cm: CostModel,
+    monolithic: bool,
+    mbs=None,
+    groups=None,
+    units=None,
+    pipelines=(),
 ):
     """``(steady-state step, busiest GPU's work, first step)`` of a layout.
 
     ``monolithic``: every spec on every rank, shards in the order of
     ``p.opts.monolithic_order``'s sampler (``_balanced_order``; ``units``: the
     ``(name, frozen)`` the cost balance prices, default the real sections). ``groups``: the
-    colocated groups the specs merge (their samples are merged the same way)."""
+    colocated groups the specs merge (their samples are merged the same way).
+    ``pipelines``: ``(sections, pp)`` of the layout's pipelines (``plan.pipelines``): their
+    real stages' 1F1B, replayed on the planned batch's schedule, is added to every figure."""
     from maestro.plan.steady import steady_state
     from maestro.schedule import fifo_schedule, monolithic_schedule, wavefront_schedule
 
     def schedule(samples):
         if monolithic:
             world = specs[0].dp
-            samples = _balanced_order(p, samples, world, cm, units)
+            budgets = [x.token_budget for x in specs if x.token_budget is not None]
+            cut = mbs or min(x.micro_batch_size for x in specs)
+            samples = _balanced_order(
+                p, samples, world, cm, units, cut=(cut, min(budgets) if budgets else None)
+            )
             return samples, monolithic_schedule(
                 samples, specs, cm, world_size=world, micro_batch_size=mbs
             )
@@ -562,30 +641,55 @@ def _simulate(
     batches = [p.samples, *p.batches]
     if groups is not None:
         batches = [merged_samples(b, groups) for b in batches]
+
+    def excess(samples, sched) -> float:
+        pipes = [(m, k) for m, k in pipelines if k > 1]
+        if not pipes:
+            return 0.0
+        from maestro.plan.pipelines import pipeline_excess
+
+        lay = cm
+        while not isinstance(lay, LayoutCostModel):  # a colocated layout's wrapper
+            lay = lay.base
+        plain = {n: replace(s, pp=1) for n, s in lay.strategies.items()}
+        flat = LayoutCostModel(lay.base, plain, lay.overlap)
+        trainable = {n: not p.sections[n].frozen for n in p.sections}
+        return pipeline_excess(sched, samples, flat, pipes, trainable, monolithic)
+
     if len(batches) == 1:
         samples, sched = schedule(batches[0])
         res = steady_state(sched, samples, specs, cm, steps=p.opts.steps)
-        return res.period, res.busy, res.first_step
+        x = excess(samples, sched)
+        return res.period + x, res.busy + x, res.first_step + x
     from maestro.sim.replay import replay_steps
 
     seq = [schedule(b)[::-1] for b in batches]
     rep = replay_steps(seq, specs, cm)
     ends = rep.step_ends
-    return (ends[-1] - ends[0]) / (len(ends) - 1), rep.busy, ends[0]
+    x = excess(*seq[0][::-1])
+    return (ends[-1] - ends[0]) / (len(ends) - 1) + x, rep.busy + x, ends[0] + x
 
 
 def _balanced_order(
-    p: _Problem, samples, world: int, cm: CostModel, units=None, order: str | None = None
+    p: _Problem,
+    samples,
+    world: int,
+    cm: CostModel,
+    units=None,
+    order: str | None = None,
+    cut: tuple[int, float | None] | None = None,
 ) -> list[SampleInfo]:
     """``samples`` in the monolithic sampler's order for ``world`` shards
     (``schedule.monolithic.sampler_order``): ``order``, default ``p.opts.monolithic_order``;
-    ``cost`` balances ``balanced_order``'s work over the problem's sections (or ``units``),
+    ``cost`` balances ``balanced_order``'s work over the problem's sections (or ``units``)
+    and, given the micro-batch ``cut`` ``(size, token budget)``, prices what each rank runs;
     ``tokens`` and ``data`` do not consult ``cm``."""
     from maestro.schedule.monolithic import sampler_order
 
     if units is None:
         units = [(n, p.sections[n].frozen) for n in p.order]
-    return sampler_order(order or p.opts.monolithic_order, samples, world, cm, units)
+    mbs, budget = cut if cut is not None else (None, None)
+    return sampler_order(order or p.opts.monolithic_order, samples, world, cm, units, mbs, budget)
 
 
 def _better(gpus: int, step: float, best: Plan, objective: str) -> bool:

@@ -115,6 +115,20 @@ class Comparison:
     match: Plan | None = None
     conventional: Plan | None = None
     careful: Plan | None = None
+    runtime_cp: bool = False
+
+    def lacking(self, plan: Plan) -> list[str]:
+        """Strategies a baseline plan uses that ``maestro train`` does not run as it does:
+        context parallelism (when Maestro's search had none: ``runtime_cp``), a pipeline
+        through the whole model (Maestro pipelines per section)."""
+        out = []
+        any_cp = max((s.cp for s in plan.sections.values()), default=1)
+        if any_cp > 1 and not self.runtime_cp:
+            out.append(f"context parallelism (cp={any_cp})")
+        any_pp = max((s.pp for s in plan.sections.values()), default=1)
+        if plan.monolithic and any_pp > 1:
+            out.append(f"a whole-model pipeline (pp={any_pp}; Maestro's are per section)")
+        return out
 
     @property
     def tuned(self) -> Plan:
@@ -191,6 +205,7 @@ def compare(
             baseline=True,
         )
     mono = base.pop("monolithic")
+    base["runtime_cp"] = any(k > 1 for k in opts.cp_choices)
     found = None
     if match:
         say("match")
@@ -250,6 +265,9 @@ def format_comparison(label: str, gpus: int, c: Comparison) -> str:
             f"{b.label}: monolithic {p.describe().removeprefix('monolithic: ')}; "
             f"sampler: {b.sampler}"
         )
+        lack = c.lacking(p)
+        if lack:
+            rows.append(f"  {b.short} uses what maestro train lacks: {', '.join(lack)}")
     rows.append(
         "GPU-hours saved per sample by Maestro: "
         + ", ".join(f"{100 * c.saving_against(p):.1f}% vs {b.label}" for b, p in bases)

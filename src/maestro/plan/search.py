@@ -151,6 +151,7 @@ def plan_maestro(
                         o.tp,
                         o.fsdp,
                         getattr(o, "pp", 1),
+                        getattr(o, "cp", 1),
                         getattr(o, "zero", 0),
                         dp[n],
                         tuple((m, x.mbs, x.recompute) for m, x in _members(units[n], o).items()),
@@ -160,9 +161,9 @@ def plan_maestro(
                 chosen.setdefault(key, (groups, units, est, combo, dp))
     mono = None
     if opts.include_monolithic and not ab.disaggregated:
-        # Maestro's whole-model candidates run under its balancer and under token-count
-        # balance (maestro train runs both; the first can lose to the second on a batch)
-        for order in dict.fromkeys([opts.monolithic_order, "tokens"]):
+        # Maestro's whole-model candidates run under its balancer, token-count balance and
+        # data order (maestro train runs all three; any can win on a batch)
+        for order in dict.fromkeys([opts.monolithic_order, "tokens", "data"]):
             try:
                 got = plan_monolithic(
                     samples, sections, cost_model, gpus, replace(opts, monolithic_order=order)
@@ -206,10 +207,12 @@ def plan_maestro(
                 p, specs, cm, True, specs[0].micro_batch_size, merged, [(u.name, u.frozen)]
             )
         else:
-            step, bound, first = _simulate(p, specs, cm, monolithic=False, groups=merged)
-            # the simulator replays a pipelined section's replica at its stages' throughput;
-            # 1F1B's fill and drain delay the step by the largest such bubble
-            step += max((getattr(o, "bubble", 0.0) for o in combo.values()), default=0.0)
+            # the simulator replays a pipelined section's replica at its stages' ideal
+            # throughput; its real stages' 1F1B is replayed on the same schedule on top
+            pipes = [((u,), getattr(o, "pp", 1)) for u, o in combo.items()]
+            step, bound, first = _simulate(
+                p, specs, cm, monolithic=False, groups=merged, pipelines=pipes
+            )
         used = sum(dp[u] * o.width for u, o in combo.items())
         if best is None or _better(used, step, best, opts.objective):
             secs = {}
@@ -218,7 +221,7 @@ def plan_maestro(
                 g = u if len(units[u].members) > 1 else ""
                 memory = combo[u].memory
                 secs[n] = SectionPlan(
-                    dp[u], t, mbs[n], x.recompute, memory, g, x.fsdp, x.zero, x.pp
+                    dp[u], t, mbs[n], x.recompute, memory, g, x.fsdp, x.zero, x.pp, x.cp
                 )
             best = Plan(
                 sections=secs,
@@ -243,12 +246,20 @@ def plan_maestro(
 
 def _kept(options: list, k: int) -> list:
     """A unit's ``k`` options with the fewest GPU-seconds of compute, plus the best of each
-    FSDP degree: FSDP's gain is in the step's tail (no gradient all-reduce after the last
-    backward), which the compute ranking does not see, so the allocation weighs it."""
-    by_cost = sorted(options, key=lambda o: o.work * o.tp)
+    (FSDP degree, pipeline stages, CP degree): FSDP's gain is in the step's tail (no gradient
+    all-reduce after the last backward) and a pipeline's or a CP group's in memory and in a
+    shorter longest micro-batch, which the compute ranking does not see, so the allocation
+    weighs them. Keeping the best of every kind (``pp = 1`` included) makes the search nest:
+    more choices never remove a combination the smaller search had."""
+    by_cost = sorted(options, key=lambda o: o.work * o.tp * getattr(o, "cp", 1))
     out = by_cost[:k]
-    for f in sorted({getattr(o, "fsdp", 1) for o in options} - {1}):
-        best = next(o for o in by_cost if getattr(o, "fsdp", 1) == f)
+    kinds = {(getattr(o, "fsdp", 1), getattr(o, "pp", 1), getattr(o, "cp", 1)) for o in options}
+    for kind in sorted(kinds):
+        best = next(
+            o
+            for o in by_cost
+            if (getattr(o, "fsdp", 1), getattr(o, "pp", 1), getattr(o, "cp", 1)) == kind
+        )
         if best not in out:
             out.append(best)
     return out

@@ -236,13 +236,54 @@ class LayoutCostModel(CostModel):
 
     # --- the CostModel interface --------------------------------------------------------------
 
+    def splits_sequence(self, section: str) -> bool:
+        """Context parallelism splits this section's sequence: a ``tokens`` section (an LLM,
+        a teacher, a student). An encoder of images or audio runs on its whole inputs on
+        every CP rank of the layout, as Megatron-LM's LLaVA runs its vision tower before the
+        fused sequence is split."""
+        return self.analytical and self.base.shapes[section].unit == "tokens"
+
     def _per_rank(self, section: str, feats: Features) -> Features:
         """``feats`` as one of ``cp`` context-parallel ranks sees them: ``1/cp`` of every
-        sequence (positions and attention pairs; the sample count stays)."""
+        sequence (positions and attention pairs; the sample count stays) of a section whose
+        sequence CP splits (``splits_sequence``); an encoder's whole inputs otherwise."""
         cp = self.strategy(section).cp
-        if cp == 1:
+        if cp == 1 or not self.splits_sequence(section):
             return feats
         return {k: (v if k == "samples" else v / cp) for k, v in feats.items()}
+
+    def _cp_ring(self, section: str, feats: Features) -> tuple[float, float]:
+        """``(forward, backward)`` exposed seconds of the K/V ring of a micro-batch whose
+        per-rank features are ``feats`` (``maestro.estimate.pipeline.cp_ring_exposed``, the
+        function ``maestro estimate`` prices it with), over every block."""
+        s = self.strategy(section)
+        if s.cp <= 1 or not self.splits_sequence(section) or feats.get("samples", 0.0) <= 0:
+            return 0.0, 0.0
+        from maestro.estimate.kernels import layer_cost
+        from maestro.estimate.pipeline import cp_ring_exposed
+
+        base = self.base
+        shape = base.shapes[section]
+        pos = shape.computed_positions(feats)
+        if pos <= 0:
+            return 0.0, 0.0
+        pairs, mean_len = shape.attention(feats)
+        fw = base._fw
+        lc = layer_cost(
+            shape.spec,
+            pos,
+            pairs,
+            mean_len,
+            s.tp,
+            "full" if shape.recompute else "none",
+            base._hw,
+            fw.kernels,
+            fw.kernel_efficiency * base.efficiency,
+        )
+        kv = 2.0 * pos * shape.spec.kv_dim / s.tp * 2.0  # bf16 keys and values
+        same = s.cp * s.tp <= base.hw.gpus_per_node
+        f, b = cp_ring_exposed(kv, s.cp, lc.attn_fwd, base._hw, same)
+        return shape.layers * f, shape.layers * b
 
     def _shared_params(self, section: str) -> float:
         """Parameters outside the blocks (input embedding and LM head) of an analytical
@@ -266,15 +307,20 @@ class LayoutCostModel(CostModel):
         return one_f_one_b_bubble(pp, stage)
 
     def forward_time(self, section: str, feats: Features) -> float:
+        """One rank's forward seconds; a pipelined section's (``pp > 1``) ideal stage share,
+        ``1/pp`` of the replica's (the planner replays the real stages' 1F1B on top:
+        ``plan.pipelines``)."""
         s = self.strategy(section)
         if s.pp > 1 or s.cp > 1:
-            return self._forward(section, self._per_rank(section, feats)) / s.pp
+            f = self._per_rank(section, feats)
+            return (self._forward(section, f) + self._cp_ring(section, f)[0]) / s.pp
         return self._forward(section, feats)
 
     def backward_time(self, section: str, feats: Features) -> float:
         s = self.strategy(section)
         if s.pp > 1 or s.cp > 1:
-            return self._backward(section, self._per_rank(section, feats)) / s.pp
+            f = self._per_rank(section, feats)
+            return (self._backward(section, f) + self._cp_ring(section, f)[1]) / s.pp
         return self._backward(section, feats)
 
     def _forward(self, section: str, feats: Features) -> float:
@@ -439,7 +485,9 @@ def with_layout(
             n: (replace(s, recompute=strat[n].recompute) if n in strat else s)
             for n, s in base.shapes.items()
         }
+        cache = base._cache
         base = replace(base, shapes=shapes)
+        base._cache = cache  # keyed by recompute too: every candidate prices a batch once
     elif any(s.tp > 1 or s.fsdp > 1 or s.recompute for s in strat.values()):
         missing = [
             n

@@ -84,7 +84,15 @@ class MonolithicWorker:
         infos = self.workload.sample_infos(batch, self.graph)
         if self.cost_model is not None:
             units = [(s.name, s.frozen) for s in self.specs]
-            infos = balanced_order(infos, self.world, self.cost_model, units)
+            budgets = [s.token_budget for s in self.specs if s.token_budget is not None]
+            infos = balanced_order(
+                infos,
+                self.world,
+                self.cost_model,
+                units,
+                self.config.monolithic_micro_batch_size,
+                min(budgets) if budgets else None,
+            )
         elif self.config.monolithic_order == "tokens":
             infos = token_balanced_order(infos, self.world)
         return monolithic_schedule(

@@ -131,31 +131,76 @@ def balanced_order(
     world: int,
     cost_model,
     units: Sequence[tuple[str, bool]],
+    micro_batch_size: int | None = None,
+    token_budget: float | None = None,
 ) -> list[SampleInfo]:
     """The tuned baseline's sampler: Maestro's own cost-aware balancer. Samples reordered so
-    each of ``world`` contiguous equal-count shards carries about the same estimated work on
+    each of ``world`` contiguous equal-count shards carries about the same work on
     ``cost_model``, so the baseline's ranks do not wait on the one holding the costliest
     samples.
 
     Greedy, costliest first to the least-loaded rank with room; a sample's work is the
     forward (and, for a trainable unit, backward) time of each ``(section, frozen)`` unit it
-    activates, alone, on ``cost_model``. Each rank's samples stay costliest first.
-    Deterministic (ties keep data order).
+    activates, alone, on ``cost_model``. Each rank's samples are then sorted by length,
+    longest first, so its micro-batches group similar lengths (as ``token_balanced_order``).
+
+    A rank pays per micro-batch, not per sample: given the micro-batch cut
+    (``micro_batch_size``, ``token_budget``), this order and ``token_balanced_order``'s are
+    both priced as the ranks run them (every micro-batch on ``cost_model``) and the one whose
+    busiest rank has the least work is returned, so the cost-aware balancer is never worse
+    than token-count balance by the measure it balances. Deterministic (ties keep data
+    order).
     """
     if world < 1:
         raise ValueError(f"world must be >= 1, got {world}")
 
-    def cost(s: SampleInfo) -> float:
-        f = micro_batch_features([s.cost])
+    def work(feats: dict, active: set) -> float:
         t = 0.0
         for name, frozen in units:
-            if name in s.sections:
-                t += cost_model.forward_time(name, f)
+            if name in active:
+                t += cost_model.forward_time(name, feats)
                 if not frozen:
-                    t += cost_model.backward_time(name, f)
+                    t += cost_model.backward_time(name, feats)
         return t
 
-    return [s for b in _greedy_bins(samples, world, [cost(s) for s in samples]) for s in b]
+    weights = [work(micro_batch_features([s.cost]), s.sections) for s in samples]
+    bins = _greedy_bins(samples, world, weights)
+    greedy = [s for b in bins for s in sorted(b, key=lambda s: -s.cost.get("tokens", 0.0))]
+    if micro_batch_size is None:
+        return greedy
+
+    def busiest(order: list[SampleInfo]) -> float:
+        n, worst = len(order), 0.0
+        for r in range(world):
+            shard = order[(r * n) // world : ((r + 1) * n) // world]
+            total = 0.0
+            for mb in _cut(shard, micro_batch_size, token_budget):
+                for name, _frozen in units:
+                    part = [s.cost for s in mb if name in s.sections]
+                    if part:
+                        total += work(micro_batch_features(part), {name})
+            worst = max(worst, total)
+        return worst
+
+    tokens = token_balanced_order(samples, world)
+    return min((greedy, tokens), key=busiest)  # the first on a tie
+
+
+def _cut(shard: Sequence[SampleInfo], mbs: int, budget: float | None) -> list[list[SampleInfo]]:
+    """A rank's whole-model micro-batches, cut as ``monolithic_schedule`` cuts them."""
+    out: list[list[SampleInfo]] = []
+    cur: list[SampleInfo] = []
+    tok = 0.0
+    for s in shard:
+        t = s.cost.get("tokens", 0.0)
+        if cur and (len(cur) >= mbs or (budget is not None and tok + t > budget)):
+            out.append(cur)
+            cur, tok = [], 0.0
+        cur.append(s)
+        tok += t
+    if cur:
+        out.append(cur)
+    return out
 
 
 def sampler_order(
@@ -164,15 +209,18 @@ def sampler_order(
     world: int,
     cost_model=None,
     units: Sequence[tuple[str, bool]] = (),
+    micro_batch_size: int | None = None,
+    token_budget: float | None = None,
 ) -> list[SampleInfo]:
     """``samples`` in the order of the baseline sampler ``order`` (one of ``ORDERS``) for
-    ``world`` contiguous shards; ``cost_model`` and ``units`` are used by ``cost`` only."""
+    ``world`` contiguous shards; ``cost_model``, ``units`` and the micro-batch cut
+    (``micro_batch_size``, ``token_budget``) are used by ``cost`` only."""
     if order == "data":
         return list(samples)
     if order == "tokens":
         return token_balanced_order(samples, world)
     if order == "cost":
-        return balanced_order(samples, world, cost_model, units)
+        return balanced_order(samples, world, cost_model, units, micro_batch_size, token_budget)
     raise ValueError(f"unknown monolithic order {order!r}; choose one of: {', '.join(ORDERS)}")
 
 
