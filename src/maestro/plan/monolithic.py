@@ -15,7 +15,7 @@ from maestro.plan.problem import (
     _Problem,
     _shard_bytes,
     _simulate,
-    _worst_features,
+    budget_caps,
 )
 from maestro.plan.tpmodel import SectionStrategy
 from maestro.schedule.types import SampleInfo, SectionSpec
@@ -34,6 +34,42 @@ def plan_monolithic(
     baseline: bool = False,
 ) -> Plan:
     """The best one-size-fits-all layout: every replica holds the whole model.
+
+    Under the ``gpu_hours`` objective, the best of ``_monolithic_once`` capped at ``gpus``
+    and at every power of two below it, as ``plan_maestro`` searches (the budget is a cap
+    for both sides, and a larger one never gives a worse plan). Arguments, result and errors
+    as ``_monolithic_once``.
+    """
+    opts = options or SearchOptions()
+    caps = budget_caps(gpus) if opts.objective == "gpu_hours" else [gpus]
+    best, error, ranked, simulated = None, None, 0, 0
+    for cap in caps:
+        try:
+            got = _monolithic_once(samples, sections, cost_model, cap, opts, baseline=baseline)
+        except ValueError as e:
+            if cap == gpus:
+                error = e
+            continue
+        ranked += got.candidates
+        simulated += got.simulated
+        if best is None or _better(got.gpus, got.step_time, best, opts.objective):
+            best = got
+    if best is None:
+        raise error if error is not None else ValueError(f"nothing fits within {gpus} GPUs")
+    best.candidates, best.simulated = ranked, simulated
+    return best
+
+
+def _monolithic_once(
+    samples: Sequence[SampleInfo],
+    sections: Sequence[SectionSpec],
+    cost_model: CostModel,
+    gpus: int,
+    options: SearchOptions | None = None,
+    *,
+    baseline: bool = False,
+) -> Plan:
+    """The best one-size-fits-all layout within exactly ``gpus`` GPUs.
 
     ``baseline=True``: the layout stands for another system (the baselines of
     ``maestro.plan.report.compare``): pipeline stages (``options.baseline_pp_choices``, 1F1B
@@ -85,7 +121,7 @@ def plan_monolithic(
             sec = replace(p.sections[n], micro_batch_size=mbs, token_budget=budget)
             trainable = not sec.frozen
             if hasattr(cm, "memory_bytes") and p.costs[n]:
-                mem_full += cm.memory_bytes(n, _worst_features(p.costs[n], sec, mbs), trainable)
+                mem_full += cm.memory_bytes(n, p.worst_features(n, sec, mbs), trainable)
                 shard += _shard_bytes(p, n, tp) / (pp * cp) if f == 1 else 0.0
         key = (tp, f, mbs, rc, cp)
         if key not in works:  # a stage's work is exactly 1/pp of the unstaged replica's
@@ -158,8 +194,15 @@ def plan_monolithic(
             replace(p.sections[n], dp=dp, micro_batch_size=mbs, token_budget=budget)
             for n in p.order
         ]
-        step, bound, first = _simulate(
-            p, specs, cm, monolithic=True, mbs=mbs, pipelines=[(tuple(p.order), pp)]
+        step, bound, first = p.simulated(
+            ("whole", tp, f, mbs, rc, dp, pp, cp, budget),
+            _simulate,
+            p,
+            specs,
+            cm,
+            monolithic=True,
+            mbs=mbs,
+            pipelines=[(tuple(p.order), pp)],
         )
         if best is None or _better(dp * width, step, best, opts.objective):
             best = Plan(

@@ -210,6 +210,32 @@ class _Problem:
                 pass
         self._memo = memo
 
+    def worst_features(self, n: str, sec: SectionSpec, mbs: int) -> dict[str, float]:
+        """``_worst_features`` of section ``n``'s samples, memoised like ``data_order_work``."""
+        key = ("worst", n, mbs, sec.token_budget, self._costs_key[n])
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = _worst_features(self.costs[n], sec, mbs)
+        return got
+
+    def simulated(self, key: tuple, run, *args, **kwargs):
+        """``run(*args, **kwargs)`` (a layout's simulation) memoised by the layout ``key``
+        and everything of this problem the simulation reads (the batches, steps, ablation,
+        sampler): the sub-searches of ``plan_maestro`` share their simulations."""
+        full = (
+            "sim",
+            key,
+            tuple(self._costs_key.values()),
+            len(self.batches),
+            self.opts.steps,
+            self.opts.ablation,
+            self.opts.monolithic_order,
+        )
+        got = self._memo.get(full)
+        if got is None:
+            got = self._memo[full] = run(*args, **kwargs)
+        return got
+
     def data_order_work(self, cm: CostModel, sec: SectionSpec, trainable: bool):
         """``_data_order_work`` of section ``sec`` on layout ``cm`` over this batch, memoised
         by (section, its strategy, micro-batch size, token budget, the batch)."""
@@ -337,7 +363,7 @@ def _section_options(p: _Problem, n: str, standalone: bool = True) -> list[_Opti
         spec = replace(sec, micro_batch_size=mbs)
         min_dp, mem, mem_one = 1, 0.0, 0.0
         if hasattr(cm, "memory_bytes") and costs:
-            worst = _worst_features(costs, sec, mbs)
+            worst = p.worst_features(n, sec, mbs)
             mem_one = cm.memory_bytes(n, worst, trainable)
             held = 0.0
             if standalone and p.roles[n] == "producer":
@@ -497,7 +523,7 @@ def _group_options(p: _Problem, u: _Unit, member_opts: dict[str, list[_Option]])
                     if p.sections[n].frozen or not p.costs[n]:
                         continue
                     spec = p.sections[n]
-                    whole = cm.memory_bytes(n, _worst_features(p.costs[n], spec, group_mbs), True)
+                    whole = cm.memory_bytes(n, p.worst_features(n, spec, group_mbs), True)
                     mem += max(0.0, whole - opts[n].mem_one)
             held = 0.0
             if u.role == "producer" and hasattr(cm, "memory_bytes"):
@@ -690,6 +716,16 @@ def _balanced_order(
         units = [(n, p.sections[n].frozen) for n in p.order]
     mbs, budget = cut if cut is not None else (None, None)
     return sampler_order(order or p.opts.monolithic_order, samples, world, cm, units, mbs, budget)
+
+
+def budget_caps(gpus: int) -> list[int]:
+    """``gpus`` and every power of two below it, largest first: the budgets a GPU-hours
+    search tries (so a plan for 1,024 GPUs contains the plans for 512, 256, ...)."""
+    caps, c = {gpus}, 1
+    while c < gpus:
+        caps.add(c)
+        c *= 2
+    return sorted(caps, reverse=True)
 
 
 def _better(gpus: int, step: float, best: Plan, objective: str) -> bool:

@@ -52,11 +52,53 @@ from maestro.plan.problem import (
     _simulate,
     _Unit,
     _units,
+    budget_caps,
 )
 from maestro.schedule.types import SampleInfo, SectionSpec
 
 
 def plan_maestro(
+    samples: Sequence[SampleInfo],
+    sections: Sequence[SectionSpec],
+    cost_model: CostModel,
+    gpus: int,
+    options: SearchOptions | None = None,
+) -> Plan:
+    """Choose every section's (dp, fsdp, tp, pp, zero, mbs, recompute) for ``gpus`` GPUs.
+
+    The search nests by construction: under the ``gpu_hours`` objective it is the best of
+    sub-searches (``_plan_once``) capped at ``gpus`` and at every power of two below it (the
+    budget is a cap, not a target), each without pipeline stages and, when
+    ``options.pp_choices`` has some, with them. A larger budget or more options only add
+    sub-searches, so they never give a worse plan; the sub-searches share every priced
+    micro-batch and every simulated layout, so the extra ones cost little. ``step_time``:
+    one search at ``gpus``. Arguments, result and errors as ``_plan_once``.
+    """
+    opts = options or SearchOptions()
+    caps = budget_caps(gpus) if opts.objective == "gpu_hours" else [gpus]
+    subsets = [opts]
+    if any(k > 1 for k in opts.pp_choices):
+        subsets = [replace(opts, pp_choices=(1,)), opts]
+    best, error, ranked, simulated = None, None, 0, 0
+    for o in subsets:
+        for cap in caps:
+            try:
+                got = _plan_once(samples, sections, cost_model, cap, o)
+            except ValueError as e:
+                if cap == gpus and error is None:
+                    error = e
+                continue
+            ranked += got.candidates
+            simulated += got.simulated
+            if best is None or _better(got.gpus, got.step_time, best, opts.objective):
+                best = got
+    if best is None:
+        raise error if error is not None else ValueError(f"nothing fits within {gpus} GPUs")
+    best.candidates, best.simulated = ranked, simulated
+    return best
+
+
+def _plan_once(
     samples: Sequence[SampleInfo],
     sections: Sequence[SectionSpec],
     cost_model: CostModel,
@@ -180,7 +222,7 @@ def plan_maestro(
             )
         raise ValueError(f"no layout of the sections fits within {gpus} GPUs")
     best = None
-    for groups, units, est, combo, dp in chosen.values():
+    for key, (groups, units, est, combo, dp) in chosen.items():
         mem = {n: (x, o.tp, u) for u, o in combo.items() for n, x in _members(units[u], o).items()}
         mbs = {n: x.mbs for n, (x, _, _) in mem.items()}
         mixed = 1 < len(units) < len(p.order)
@@ -203,15 +245,23 @@ def plan_maestro(
             # everything colocated: the monolithic layout with per-section micro-batches, on
             # the same length-balanced shards as the baseline
             (u,) = units.values()
-            step, bound, first = _simulate(
-                p, specs, cm, True, specs[0].micro_batch_size, merged, [(u.name, u.frozen)]
+            step, bound, first = p.simulated(
+                key,
+                _simulate,
+                p,
+                specs,
+                cm,
+                True,
+                specs[0].micro_batch_size,
+                merged,
+                [(u.name, u.frozen)],
             )
         else:
             # the simulator replays a pipelined section's replica at its stages' ideal
             # throughput; its real stages' 1F1B is replayed on the same schedule on top
             pipes = [((u,), getattr(o, "pp", 1)) for u, o in combo.items()]
-            step, bound, first = _simulate(
-                p, specs, cm, monolithic=False, groups=merged, pipelines=pipes
+            step, bound, first = p.simulated(
+                key, _simulate, p, specs, cm, monolithic=False, groups=merged, pipelines=pipes
             )
         used = sum(dp[u] * o.width for u, o in combo.items())
         if best is None or _better(used, step, best, opts.objective):

@@ -146,8 +146,9 @@ def balanced_order(
 
     A rank pays per micro-batch, not per sample: given the micro-batch cut
     (``micro_batch_size``, ``token_budget``), this order and ``token_balanced_order``'s are
-    both priced as the ranks run them (every micro-batch on ``cost_model``) and the one whose
-    busiest rank has the least work is returned, so the cost-aware balancer is never worse
+    both priced as the ranks run them (every micro-batch on ``cost_model``; in FSDP lockstep,
+    ``cost_model.lockstep``, the slowest rank's i-th micro-batch for every i) and the one
+    whose busiest rank has the least work is returned, so the cost-aware balancer is never worse
     than token-count balance by the measure it balances. Deterministic (ties keep data
     order).
     """
@@ -169,18 +170,30 @@ def balanced_order(
     if micro_batch_size is None:
         return greedy
 
+    # FSDP ranks run in lockstep (every micro-batch's collectives wait for the slowest rank):
+    # they pay the slowest rank's i-th micro-batch for every i; plain replicas meet once
+    lockstep = any(getattr(cost_model, "lockstep", lambda n: 0)(n) for n, _ in units)
+
     def busiest(order: list[SampleInfo]) -> float:
-        n, worst = len(order), 0.0
+        n = len(order)
+        per_rank = []
         for r in range(world):
             shard = order[(r * n) // world : ((r + 1) * n) // world]
-            total = 0.0
+            times = []
             for mb in _cut(shard, micro_batch_size, token_budget):
+                t = 0.0
                 for name, _frozen in units:
                     part = [s.cost for s in mb if name in s.sections]
                     if part:
-                        total += work(micro_batch_features(part), {name})
-            worst = max(worst, total)
-        return worst
+                        t += work(micro_batch_features(part), {name})
+                times.append(t)
+            per_rank.append(times)
+        if lockstep:
+            depth = max(len(t) for t in per_rank)
+            return sum(
+                max((t[i] for t in per_rank if i < len(t)), default=0.0) for i in range(depth)
+            )
+        return max(sum(t) for t in per_rank)
 
     tokens = token_balanced_order(samples, world)
     return min((greedy, tokens), key=busiest)  # the first on a tie
