@@ -140,12 +140,16 @@ tokens = "teacher"
 
 def test_lognormal_mean_and_max_with_a_fixed_seed():
     p = Path("x.toml")
-    spec = S._tokens(p, "sections.llm", {"dist": "lognormal", "mean": 800, "sigma": 0.5, "max": 10**6})
+    spec = S._tokens(
+        p, "sections.llm", {"dist": "lognormal", "mean": 800, "sigma": 0.5, "max": 10**6}
+    )
     xs = S.sample_tokens(spec, 20000, seed=7)
     assert statistics.fmean(xs) == pytest.approx(800, rel=0.03)
     assert statistics.median(xs) == pytest.approx(800 * 2.718281828 ** (-0.125), rel=0.03)
     # clipped at max: no draw above it, and a long tail piles up there
-    clipped = S._tokens(p, "sections.llm", {"dist": "lognormal", "mean": 800, "sigma": 1.0, "max": 2000})
+    clipped = S._tokens(
+        p, "sections.llm", {"dist": "lognormal", "mean": 800, "sigma": 1.0, "max": 2000}
+    )
     ys = S.sample_tokens(clipped, 20000, seed=7)
     assert max(ys) == 2000 and min(ys) >= 1
     assert statistics.fmean(ys) < 800
@@ -185,7 +189,10 @@ LLM = '[sections.llm]\nmodel = "qwen2.5-7b"\ntokens = 100\n'
         (GOOD.replace("8", "0") + LLM, "[scenario] global_batch: must be an integer >= 1"),
         (GOOD + 'name = "kd"\n' + LLM, "[scenario] name: names a built-in scenario"),
         (GOOD + LLM + "widht = 3\n", "[sections.llm] widht: unknown key"),
-        (GOOD + LLM.replace("qwen2.5-7b", "gpt-9"), "[sections.llm] model: 'gpt-9' is not a preset"),
+        (
+            GOOD + LLM.replace("qwen2.5-7b", "gpt-9"),
+            "[sections.llm] model: 'gpt-9' is not a preset",
+        ),
         (GOOD + '[sections.llm]\nmodel = "llm-7b"\n', "[sections.llm] tokens: give exactly one"),
         (
             GOOD + LLM.replace("100", '{dist = "lognormal", mean = 100, sigma = -1, max = 9}'),

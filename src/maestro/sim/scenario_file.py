@@ -114,7 +114,8 @@ SECTION_KEYS = {
     "image tile); default the whole sample; for sections priced on keys of their own",
     "micro_batch_size": "micro-batch size of the starting layout (the planner chooses its "
     "own); default 1",
-    "token_budget": "at most this many tokens per micro-batch (the planner keeps it); default none",
+    "token_budget": "at most this many of the batch's tokens (the last decoder's "
+    "positions) per micro-batch, in every layout the planner tries; default none",
     "tp_plan": "the runtime can split it tensor-parallel (default: true for a decoder, "
     "false for an encoder, as maestro.parallel has no TP plan for vision or audio towers)",
 }
