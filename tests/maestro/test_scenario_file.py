@@ -175,6 +175,33 @@ def test_tokens_from_measures_a_jsonl_field(tmp_path):
     assert sf.sections[0].tokens.values == (3, 1)  # list length (an empty one counts as 1)
 
 
+def test_sections_reading_one_file_draw_the_same_line(tmp_path):
+    # each sample's vision and text counts come from one line (a line without the image
+    # field gives the next line's)
+    rows = [{"img": 100 * k, "text": 10 * k} for k in range(1, 9)] + [{"text": 5}]
+    (tmp_path / "d.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    p = _write(
+        tmp_path,
+        """
+[scenario]
+hardware = "H100"
+global_batch = 50
+[sections.vision]
+model = "vit-0.6b"
+tokens_from = "d.jsonl:img"
+out_ratio = 0
+[sections.llm]
+model = "llm-7b"
+inputs = ["vision"]
+tokens_from = "d.jsonl:text"
+""",
+    )
+    samples = S.build(S.load(p)).samples
+    pairs = {(s.cost["vision:tokens"], s.cost["tokens"]) for s in samples}
+    assert all(t == v / 10 or (t == 5 and v == 100) for v, t in pairs), pairs
+    assert len(pairs) >= 5
+
+
 GOOD = '[scenario]\nhardware = "H100"\nglobal_batch = 8\n'
 LLM = '[sections.llm]\nmodel = "qwen2.5-7b"\ntokens = 100\n'
 

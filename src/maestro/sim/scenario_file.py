@@ -136,6 +136,8 @@ class TokenSpec:
             ``max``).
         same_as: another section's name: its positions, sample by sample.
         values: measured counts (``tokens_from``), sampled with replacement.
+        lines: for every (non-empty) line of the data file, the index of its count in
+            ``values``, or -1 when the line lacks the field.
         source: the data file the ``values`` come from (sections reading one file draw
             the same line for a sample).
     """
@@ -145,6 +147,7 @@ class TokenSpec:
     params: dict = field(default_factory=dict)
     same_as: str = ""
     values: tuple[int, ...] = ()
+    lines: tuple[int, ...] = ()
     source: str = ""
 
 
@@ -456,10 +459,12 @@ def _tokens_from(path: Path, table: str, v, scale: float) -> TokenSpec:
         file = path.parent / file
     if not file.is_file():
         raise ValueError(f"{where}: data file {file} does not exist")
-    out = []
+    out: list[int] = []
+    index: list[int] = []
     for no, line in enumerate(file.read_text().splitlines(), 1):
         if not line.strip():
             continue
+        index.append(-1)
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
@@ -477,10 +482,11 @@ def _tokens_from(path: Path, table: str, v, scale: float) -> TokenSpec:
         n = len(x) if isinstance(x, str | list) else x
         if not math.isfinite(n) or n < 0:
             raise ValueError(f"{where}: {file} line {no}: {fld} = {x!r} is not a count")
+        index[-1] = len(out)
         out.append(max(1, round(n * scale)))
     if not out:
         raise ValueError(f"{where}: no line of {file} has the field {fld!r}")
-    return TokenSpec(values=tuple(out), source=str(file.resolve()))
+    return TokenSpec(values=tuple(out), lines=tuple(index), source=str(file.resolve()))
 
 
 def _topo(path: Path, entries: dict[str, SectionEntry]) -> list[str]:
@@ -561,7 +567,13 @@ def _draw(spec: TokenSpec, rng: random.Random, line: int | None) -> int:
     if spec.fixed is not None:
         return spec.fixed
     if spec.values:
-        return spec.values[line % len(spec.values)] if line is not None else rng.choice(spec.values)
+        if line is None:
+            return rng.choice(spec.values)
+        # the sample's line, or the next one holding the field
+        k = line
+        while spec.lines[k % len(spec.lines)] < 0:
+            k += 1
+        return spec.values[spec.lines[k % len(spec.lines)]]
     p = spec.params
     if spec.dist == "uniform":
         return rng.randint(p["min"], p["max"])
@@ -609,8 +621,8 @@ def build(sf: ScenarioFile, gpus: int | None = None):
     for e in sf.sections:
         src = e.tokens.source
         if src and src not in lines:
-            r = random.Random(f"{sf.seed}:{src}")
-            lines[src] = [r.randrange(len(e.tokens.values)) for _ in range(n)]
+            r = random.Random(f"{sf.seed}:data:{Path(src).name}")  # (not where it lives)
+            lines[src] = [r.randrange(len(e.tokens.lines)) for _ in range(n)]
 
     by = {e.name: e for e in sf.sections}
     pos: dict[str, list[int]] = {}  # positions per sample, 0 where the section does not run
