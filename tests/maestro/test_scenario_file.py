@@ -356,3 +356,9 @@ def test_simulate_reads_scenario_files(capsys):
     # a built-in scenario's file, too (its [scenario] table names it)
     assert main(["simulate", str(EXAMPLES / "paper_kd.toml"), "--gpus", "8", *args]) == 0
     assert "16 samples" not in capsys.readouterr().out
+
+
+def test_simulate_takes_the_heavy_scenarios_its_help_names(capsys):
+    args = ["--gpus", "4", "--samples", "8", "--no-gantt", "--scheduler", "wavefront"]
+    assert main(["simulate", "mllm-vl", *args]) == 0
+    assert "mllm-vl: 8 samples on 4 ranks" in capsys.readouterr().out
