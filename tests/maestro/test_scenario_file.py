@@ -362,3 +362,18 @@ def test_simulate_takes_the_heavy_scenarios_its_help_names(capsys):
     args = ["--gpus", "4", "--samples", "8", "--no-gantt", "--scheduler", "wavefront"]
     assert main(["simulate", "mllm-vl", *args]) == 0
     assert "mllm-vl: 8 samples on 4 ranks" in capsys.readouterr().out
+
+
+def test_a_decoder_on_some_samples_shares_the_tokens_key(tmp_path):
+    # a teacher distilling on half the samples, with the student's counts there: causal,
+    # priced on the batch's tokens like the student
+    p = _write(
+        tmp_path,
+        GOOD
+        + "[modalities]\nkd = 0.5\n"
+        + '[sections.teacher]\nmodel = "llm-7b"\nfrozen = true\nruns_on = "kd"\ntokens = 64\n'
+        + '[sections.student]\nmodel = "llm-7b"\ninputs = ["teacher"]\ntokens = 64\n',
+    )
+    sc = S.build(S.load(p))
+    assert {sh.unit for sh in sc.cost_model.shapes.values()} == {"tokens"}
+    assert sorted(len(s.sections) for s in sc.samples) == [1] * 4 + [2] * 4

@@ -41,9 +41,9 @@ How a sample's costs are made (``SECTION_KEYS`` documents each key):
   sample, ``out_ratio`` times that input's positions (an encoder's tokens entering an LLM).
 - The last decoder (a model with a vocabulary) in the graph owns the batch's ``tokens``
   cost key (token budgets, samplers and causal attention are priced on it); every other
-  decoder with the same counts shares it. Any other section is priced on keys of its own
-  (``NAME:tokens``, and ``NAME:sq`` for attention within ``attend_within``-token chunks):
-  bidirectional attention, as an encoder runs.
+  decoder with the same counts on the samples it runs on shares it. Any other section is
+  priced on keys of its own (``NAME:tokens``, and ``NAME:sq`` for attention within
+  ``attend_within``-token chunks): bidirectional attention, as an encoder runs.
 """
 
 from __future__ import annotations
@@ -647,11 +647,8 @@ def build(sf: ScenarioFile, gpus: int | None = None):
     shared = set()
     if owner is not None:
         for e in decoders:
-            same = all(
-                pos[owner.name][i] == pos[e.name][i]
-                for i in range(n)
-                if pos[e.name][i] > 0 or pos[owner.name][i] > 0
-            )
+            # (only the samples it runs on count: its micro-batches sum nothing else)
+            same = all(pos[owner.name][i] == pos[e.name][i] for i in range(n) if pos[e.name][i])
             if same:
                 shared.add(e.name)
     sink = owner.name if owner else sf.sections[-1].name
