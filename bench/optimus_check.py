@@ -113,7 +113,8 @@ def rows(image_tokens: int) -> list[tuple[str, object, float | None]]:
     wl = workload(image_tokens)
     out = [("FSDP tp=1 fsdp=8", fsdp(wl), PUBLISHED["fsdp"])]
     for tp, pp in MEGATRON_LAYOUTS:
-        out.append((f"Megatron-LM tp={tp} pp={pp}", megatron(wl, tp, pp), PUBLISHED["megatron"]))
+        label = f"Megatron-LM tp={tp} (pp={pp} asked)"
+        out.append((label, megatron(wl, tp, pp), PUBLISHED["megatron"]))
     out.append(("Maestro plan", maestro(wl), PUBLISHED["optimus"]))
     return out
 
@@ -136,11 +137,11 @@ def main(argv=None) -> int:
     print("published s/iter: " + ", ".join(f"{k} {v}" for k, v in PUBLISHED.items()))
     for n in counts:
         print(f"\nimage tokens {n} (LLM: {n} image + {SEQUENCE - n} text)")
-        print(f"  {'layout':<28}{'GPUs':>5}{'step s':>9}{'paper s':>9}{'ratio':>8}  plan")
+        print(f"  {'layout':<30}{'GPUs':>5}{'step s':>9}{'paper s':>9}{'ratio':>8}  plan")
         for label, p, pub in rows(n):
             ratio = f"{p.step_time / pub:.2f}" if pub else ""
             print(
-                f"  {label:<28}{p.gpus:>5}{p.step_time:>9.3f}{pub or 0:>9.2f}{ratio:>8}  "
+                f"  {label:<30}{p.gpus:>5}{p.step_time:>9.3f}{pub or 0:>9.2f}{ratio:>8}  "
                 f"{p.describe()}"
             )
         print(
