@@ -69,6 +69,14 @@ def register(sub) -> None:
         help="JSON profile from `maestro profile` (run configs; measured now if omitted)",
     )
     p.add_argument(
+        "--hardware",
+        default=None,
+        metavar="GPU",
+        help="run configs: price the config's own sections (their modules' shapes, its "
+        "data's lengths) on this analytical GPU (H100 or h100-sxm, H200, A100 or a100-80g) "
+        "instead of timing them on this machine",
+    )
+    p.add_argument(
         "--simulate-top",
         type=int,
         default=3,
@@ -130,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--scale-down applies to the config --out writes: give --out")
     if args.out is not None and not Path(args.out).parent.is_dir():
         raise FileNotFoundError(f"--out: directory {Path(args.out).parent} does not exist")
-    wl = load_workload(args.config, args.gpus, args.profile)
+    wl = load_workload(args.config, args.gpus, args.profile, args.hardware)
     if args.out is not None and wl.config is None and wl.scenario is None:
         raise ValueError(
             "--out writes a run config of a job (a run config's, or a built-in scenario's "

@@ -301,7 +301,9 @@ def _tp_divisor(block, spec=None) -> int:
     return math.gcd(math.gcd(h, kv), width)
 
 
-def load_workload(config: str, gpus: int | None = None, profile=None) -> Workload:
+def load_workload(
+    config: str, gpus: int | None = None, profile=None, hardware: str | None = None
+) -> Workload:
     """The workload named by ``maestro plan``'s CONFIG argument.
 
     Args:
@@ -309,9 +311,16 @@ def load_workload(config: str, gpus: int | None = None, profile=None) -> Workloa
         gpus: the budget (default: the scenario's, or the run config's sum of dp).
         profile: JSON profile from ``maestro profile`` for a run config (a path, a dict, or a
             ``MeasuredCostModel``; measured now if omitted).
+        hardware: price a run config's own sections (their modules' shapes, its data's
+            lengths) on this analytical GPU instead of timing them here
+            (``maestro.plan.run_shapes``).
     """
     if gpus is not None and gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
+    if hardware is not None and profile is not None:
+        raise ValueError("--hardware prices on an analytical GPU; --profile times this machine")
+    if hardware is not None and config in SCENARIOS:
+        raise ValueError("--hardware is for run configs; a scenario names its own GPU preset")
     if config in SCENARIOS:
         return scenario_workload(ScenarioSpec(name=config, gpus=gpus or 256), gpus)
     path = Path(config)
@@ -325,6 +334,8 @@ def load_workload(config: str, gpus: int | None = None, profile=None) -> Workloa
         raise ValueError(f"{path}: invalid TOML: {e}") from None
     from maestro.sim.scenario_file import is_scenario_file
 
+    if hardware is not None and "scenario" in head:
+        raise ValueError("--hardware is for run configs; a scenario file names its own GPU")
     if is_scenario_file(head):
         return scenario_file_workload(path, gpus)
     if "scenario" in head:
@@ -333,6 +344,10 @@ def load_workload(config: str, gpus: int | None = None, profile=None) -> Workloa
             spec.gpus = gpus
         return scenario_workload(spec, gpus)
 
+    if hardware is not None:
+        from maestro.plan.run_shapes import run_config_workload
+
+        return run_config_workload(path, gpus, hardware)
     from maestro.config import load
     from maestro.costmodel import MeasuredCostModel
     from maestro.workloads import get_workload
