@@ -250,6 +250,7 @@ def config_reference() -> str:
         "",
         _fields_table(ScenarioSpec),
         "",
+        *_scenario_file_reference(),
         "## Quiver: `ServeConfig`",
         "",
         "`quiver.serving.config.ServeConfig` holds the serving engine's settings: `quiver "
@@ -261,6 +262,41 @@ def config_reference() -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def _scenario_file_reference() -> list[str]:
+    """The keys of scenario files describing their own sections (``maestro.sim.scenario_file``)."""
+    from maestro.sim import scenario_file as sf
+
+    def table(keys: dict[str, str]) -> list[str]:
+        return ["| key | meaning |", "|---|---|"] + [
+            f"| `{k}` | {_cell(v)} |" for k, v in keys.items()
+        ]
+
+    return [
+        "## Scenario files of your own sections",
+        "",
+        "A scenario file with `[sections.NAME]` tables describes the user's own workload "
+        "([plan your own workload](../maestro/plan.md#plan-your-own-workload), "
+        "`examples/optimus_table10.toml`): `maestro.sim.scenario_file`. Every mistake is a "
+        "one-line error naming the file, the table and the key.",
+        "",
+        "### `[scenario]`",
+        "",
+        *table(sf.SCENARIO_KEYS),
+        "",
+        "### `[modalities]`",
+        "",
+        "Each key a modality, its value the share of the samples that carry it (each in "
+        "[0, 1], summing to at most 1; the rest carry none).",
+        "",
+        "### `[sections.NAME]`",
+        "",
+        *table(sf.SECTION_KEYS),
+        "",
+        f"Model presets: {', '.join(f'`{k}`' for k in sf.PRESETS)}.",
+        "",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,8 +13,9 @@ def register(sub) -> None:
         "monolithic baselines",
         description=(
             "CONFIG is a scenario (paper-like: kd-72b, mllm-vl, mllm-internvl; light: kd, mllm, "
-            "mllm-audio), a scenario file "
-            "(examples/paper_*.toml) on analytical GPU presets, or a run config TOML timed "
+            "mllm-audio), a scenario file on analytical GPU presets (a built-in scenario's, "
+            "examples/paper_*.toml, or the user's own sections, models, modalities and token "
+            "counts, examples/optimus_table10.toml), or a run config TOML timed "
             "on this machine. Prints the Maestro plan and three baselines, each the best "
             "monolithic plan under the same search: conventional (a, data order), careful "
             "(b', a token-count-balanced sampler) and tuned (b, contains Maestro's "
@@ -66,6 +67,14 @@ def register(sub) -> None:
         "--profile",
         default=None,
         help="JSON profile from `maestro profile` (run configs; measured now if omitted)",
+    )
+    p.add_argument(
+        "--hardware",
+        default=None,
+        metavar="GPU",
+        help="run configs: price the config's own sections (their modules' shapes, its "
+        "data's lengths) on this analytical GPU (H100 or h100-sxm, H200, A100 or a100-80g) "
+        "instead of timing them on this machine",
     )
     p.add_argument(
         "--simulate-top",
@@ -131,7 +140,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--scale-down applies to the config --out writes: give --out")
     if args.out is not None and not Path(args.out).parent.is_dir():
         raise FileNotFoundError(f"--out: directory {Path(args.out).parent} does not exist")
-    wl = load_workload(args.config, args.gpus, args.profile)
+    wl = load_workload(args.config, args.gpus, args.profile, args.hardware)
+    if args.out is not None and wl.config is None and wl.scenario is None:
+        raise ValueError(
+            "--out writes a run config of a job (a run config's, or a built-in scenario's "
+            "Hugging Face job); a scenario file's own sections have no job to train"
+        )
     # a run config's plan must be runnable (disjoint sections or the whole model per rank) and
     # is for a fixed number of processes: the fastest step; scenarios: fewest GPU-hours
     run = wl.config is not None

@@ -5,7 +5,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-SCENARIOS = ("kd", "mllm", "mllm-audio")
+#: the built-in scenarios (``maestro.sim.scenarios.NAMES``: the light ones, their aliases and
+#: the paper-like heavy ones the description names)
+SCENARIOS = (
+    "kd",
+    "mllm",
+    "mllm-audio",
+    "kd-light",
+    "mllm-light",
+    "kd-72b",
+    "mllm-vl",
+    "mllm-internvl",
+)
 #: the monolithic baselines ``--scheduler`` knows: name -> (sampler order, label); the same
 #: three samplers ``maestro plan`` compares (``maestro.plan.report.BASELINES``)
 MONOLITHIC = {
@@ -24,7 +35,9 @@ def register(sub) -> None:
         help="replay a schedule on a cost model: step time, utilisation, bubbles, Gantt PNG",
         description=(
             "CONFIG is a scenario on analytical GPU presets (paper-like: kd-72b, mllm-vl, "
-            "mllm-internvl; light: kd, mllm, mllm-audio) "
+            "mllm-internvl; light: kd, mllm, mllm-audio), a scenario file (a built-in "
+            "scenario's [scenario] table, or the user's own [sections.NAME], "
+            "examples/optimus_table10.toml), "
             "or a run config TOML, simulated on a profile measured on this machine."
         ),
     )
@@ -96,6 +109,9 @@ def load_workload(args: argparse.Namespace):
         raise FileNotFoundError(
             f"{path} does not exist (or give a scenario: {', '.join(SCENARIOS)})"
         )
+    scen = _scenario_file(path, args)
+    if scen is not None:
+        return scen
     from maestro.config import load
     from maestro.costmodel import MeasuredCostModel
     from maestro.plan.tpmodel import config_strategies, with_layout
@@ -125,6 +141,25 @@ def load_workload(args: argparse.Namespace):
         sections = proportional_dp(samples, sections, cm, args.gpus)
     mbs = args.monolithic_mbs or cfg.monolithic_micro_batch_size
     return path.stem, samples, sections, cm, mbs
+
+
+def _scenario_file(path: Path, args: argparse.Namespace):
+    """A scenario file's workload (``maestro.sim.scenario_file``'s own sections, or a
+    built-in scenario's ``[scenario]`` table), or ``None`` for a run config."""
+    import tomllib
+
+    try:
+        head = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{path}: invalid TOML: {e}") from None
+    if "scenario" not in head:
+        return None
+    if args.samples is not None:
+        raise ValueError("--samples: a scenario file sets its own global batch")
+    from maestro.plan.workload import load_workload
+
+    wl = load_workload(str(path), args.gpus)
+    return wl.label, wl.samples, wl.sections, wl.cost_model, args.monolithic_mbs
 
 
 def run(args: argparse.Namespace) -> int:

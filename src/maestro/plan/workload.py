@@ -4,7 +4,10 @@ Three sources, by the CONFIG argument of ``maestro plan``:
 
 - a paper-like scenario name (``kd``, ``mllm``, ``mllm-audio``; see ``maestro.sim.scenarios``)
   on an analytical GPU preset;
-- a scenario file: TOML with a ``[scenario]`` table (``examples/paper_*.toml``);
+- a scenario file: TOML with a ``[scenario]`` table naming a built-in scenario
+  (``examples/paper_*.toml``), or with ``[sections.NAME]`` tables describing the user's own
+  sections, modalities and token counts (``maestro.sim.scenario_file``,
+  ``examples/optimus_table10.toml``);
 - a run config TOML (``examples/kd.toml``): its workload's real batch, timed on this machine
   (``maestro profile``) for a ``MeasuredCostModel``, with the sections' structure
   (``section_facts``) so that tp, fsdp and recompute are priced too; memory is not limited.
@@ -174,6 +177,17 @@ def scenario_tp_plans(name: str) -> dict[str, bool] | None:
     return None if got is None else dict(got)
 
 
+def scenario_file_workload(path: Path, gpus: int | None = None) -> Workload:
+    """A scenario file with its own sections (``maestro.sim.scenario_file``): the user's
+    models, modalities and token counts on an analytical GPU preset."""
+    from maestro.sim import scenario_file
+
+    sf = scenario_file.load(path)
+    sc = scenario_file.build(sf, gpus)
+    label = f"{sf.label} ({sf.gpu.name}, scenario file)"
+    return Workload(label, sc.samples, sc.sections, sc.cost_model, gpus or sf.gpus)
+
+
 def load_scenario(path: Path) -> ScenarioSpec:
     """Read a scenario file's ``[scenario]`` table (unknown keys are errors)."""
     data = tomllib.loads(path.read_text())
@@ -182,6 +196,12 @@ def load_scenario(path: Path) -> ScenarioSpec:
         raise ValueError(f"{path}: no [scenario] table")
     known = {f.name for f in fields(ScenarioSpec)}
     for k in table:
+        if k in ("hardware", "global_batch"):
+            raise ValueError(
+                f"{path}: [scenario] {k}: a scenario file of its own sections needs "
+                "[sections.NAME] tables (maestro.sim.scenario_file); a built-in scenario's "
+                "file gives name instead"
+            )
         if k not in known:
             raise ValueError(
                 f"scenario.{k}: unknown field; known fields: {', '.join(sorted(known))}"
@@ -281,7 +301,9 @@ def _tp_divisor(block, spec=None) -> int:
     return math.gcd(math.gcd(h, kv), width)
 
 
-def load_workload(config: str, gpus: int | None = None, profile=None) -> Workload:
+def load_workload(
+    config: str, gpus: int | None = None, profile=None, hardware: str | None = None
+) -> Workload:
     """The workload named by ``maestro plan``'s CONFIG argument.
 
     Args:
@@ -289,9 +311,16 @@ def load_workload(config: str, gpus: int | None = None, profile=None) -> Workloa
         gpus: the budget (default: the scenario's, or the run config's sum of dp).
         profile: JSON profile from ``maestro profile`` for a run config (a path, a dict, or a
             ``MeasuredCostModel``; measured now if omitted).
+        hardware: price a run config's own sections (their modules' shapes, its data's
+            lengths) on this analytical GPU instead of timing them here
+            (``maestro.plan.run_shapes``).
     """
     if gpus is not None and gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
+    if hardware is not None and profile is not None:
+        raise ValueError("--hardware prices on an analytical GPU; --profile times this machine")
+    if hardware is not None and config in SCENARIOS:
+        raise ValueError("--hardware is for run configs; a scenario names its own GPU preset")
     if config in SCENARIOS:
         return scenario_workload(ScenarioSpec(name=config, gpus=gpus or 256), gpus)
     path = Path(config)
@@ -303,12 +332,22 @@ def load_workload(config: str, gpus: int | None = None, profile=None) -> Workloa
         head = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: invalid TOML: {e}") from None
+    from maestro.sim.scenario_file import is_scenario_file
+
+    if hardware is not None and "scenario" in head:
+        raise ValueError("--hardware is for run configs; a scenario file names its own GPU")
+    if is_scenario_file(head):
+        return scenario_file_workload(path, gpus)
     if "scenario" in head:
         spec = load_scenario(path)
         if gpus is not None:
             spec.gpus = gpus
         return scenario_workload(spec, gpus)
 
+    if hardware is not None:
+        from maestro.plan.run_shapes import run_config_workload
+
+        return run_config_workload(path, gpus, hardware)
     from maestro.config import load
     from maestro.costmodel import MeasuredCostModel
     from maestro.workloads import get_workload
