@@ -246,9 +246,10 @@ def _whole_model_choices(p: _Problem, opts: SearchOptions, baseline: bool):
     pp_set, cp_set = opts.baseline_pp_choices, opts.baseline_cp_choices
     seq = [p.cm.shapes[n].layers for n in p.order if p.cm.shapes[n].unit == "tokens"]
     most = min(seq) if seq else min(p.cm.shapes[n].layers for n in p.order)
-    pps = sorted({1} | {k for k in pp_set if k <= most})
+    # exactly the degrees asked for (a layout can be priced as given), 1 when none applies
+    pps = sorted({k for k in pp_set if k <= most}) or [1]
     longest = max((s.cost.get("tokens", 0.0) for s in p.samples), default=0.0)
-    cps = sorted({1} | set(cp_set)) if longest >= CP_MIN_TOKENS and seq else [1]
+    cps = sorted(set(cp_set)) if longest >= CP_MIN_TOKENS and seq else [1]
     return pps, cps
 
 

@@ -201,6 +201,13 @@ class _Problem:
         self._costs_key = {
             n: hash(tuple(tuple(sorted(c.items())) for c in cs)) for n, cs in self.costs.items()
         }
+        # every batch the simulations replay, whole (ids, activation sets, costs)
+        self._batches_key = hash(
+            tuple(
+                tuple((s.sample_id, s.sections, tuple(sorted(s.cost.items()))) for s in b)
+                for b in (self.samples, *self.batches)
+            )
+        )
         memo = getattr(cost_model, "_plan_memo", None)
         if memo is None:
             memo = {}
@@ -225,8 +232,7 @@ class _Problem:
         full = (
             "sim",
             key,
-            tuple(self._costs_key.values()),
-            len(self.batches),
+            self._batches_key,
             self.opts.steps,
             self.opts.ablation,
             self.opts.monolithic_order,
