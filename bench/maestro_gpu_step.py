@@ -110,20 +110,14 @@ def measure_step(shape: str, seq: int, mbs: int, device, steps: int, warmup: int
     for _ in range(steps):
         step()
     sync(device)
-    out = (time.perf_counter() - t0) / steps
-    del model, opt
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    return out
+    return (time.perf_counter() - t0) / steps
 
 
 def measure_attention(seq: int, device, reps: int) -> float:
     """Seconds of one causal SDPA forward of the 1b shape's layer at batch 1 (bf16)."""
     _, hidden, heads, _, _ = SHAPES["1b"]
     d = hidden // heads
-    q, k, v = (
-        torch.randn(1, heads, seq, d, device=device, dtype=torch.bfloat16) for _ in range(3)
-    )
+    q, k, v = (torch.randn(1, heads, seq, d, device=device, dtype=torch.bfloat16) for _ in range(3))
     for _ in range(2):
         F.scaled_dot_product_attention(q, k, v, is_causal=True)
     sync(device)
@@ -189,6 +183,8 @@ def main(argv=None) -> int:
         except torch.OutOfMemoryError:
             print(f"{shape:<6}{seq:>7}{mbs:>5}  out of memory")
             continue
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the previous row's model and optimizer are gone
         pred = predicted_step(shape, seq, mbs, args.hardware)
         print(f"{shape:<6}{seq:>7}{mbs:>5}{got:>12.4f}{pred:>13.4f}{got / pred:>8.2f}")
         out["steps"].append(dict(shape=shape, seq=seq, mbs=mbs, measured=got, predicted=pred))
