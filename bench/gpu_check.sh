@@ -22,4 +22,7 @@ PY
 # the package from this tree, without installing (the image has its own torch)
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 timeout 480 $PY bench/gpu_check.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu_check.log"
-exit "${PIPESTATUS[0]}"
+rc=${PIPESTATUS[0]}
+# Maestro: measured single-GPU training steps and attention beside maestro estimate's prediction
+timeout 300 $PY bench/maestro_gpu_step.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/maestro_gpu_step.log"
+exit "$rc"
