@@ -216,6 +216,7 @@ class _Problem:
             except AttributeError:  # a model that takes no attributes: per problem
                 pass
         self._memo = memo
+        self._models: dict[tuple, CostModel] = {}
 
     def worst_features(self, n: str, sec: SectionSpec, mbs: int) -> dict[str, float]:
         """``_worst_features`` of section ``n``'s samples, memoised like ``data_order_work``."""
@@ -266,11 +267,21 @@ class _Problem:
     ) -> CostModel:
         """The layout's cost model (``plan.tpmodel.with_layout``): the same one the
         simulator replays the layout on. A measured model with ``facts`` is wrapped even for
-        plain replicas, so that its state bytes meet the memory limit too."""
-        cm = with_layout(self.cm, tp, rc, strategies=strategies)
-        if cm is self.cm and not self.analytical and getattr(self.cm, "facts", None):
-            cm = LayoutCostModel(self.cm, strategies)
-        return cm
+        plain replicas, so that its state bytes meet the memory limit too. One model per
+        layout for the problem's life (the allocation prices each many times)."""
+        key = (
+            "model",
+            tuple(sorted(tp.items())),
+            tuple(sorted(rc.items())),
+            tuple(sorted((strategies or {}).items())),
+        )
+        got = self._models.get(key)
+        if got is None:
+            got = with_layout(self.cm, tp, rc, strategies=strategies)
+            if got is self.cm and not self.analytical and getattr(self.cm, "facts", None):
+                got = LayoutCostModel(self.cm, strategies)
+            self._models[key] = got
+        return got
 
     def choices(self, n: str) -> list[tuple[int, int, int, bool]]:
         """``(tp, fsdp, zero, recompute)`` strategies the runtime can run for section ``n``.

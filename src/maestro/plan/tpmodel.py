@@ -268,6 +268,10 @@ class LayoutCostModel(CostModel):
         if pos <= 0:
             return 0.0, 0.0
         pairs, mean_len = shape.attention(feats)
+        key = ("cp-ring", section, s.tp, s.cp, pos, pairs, shape.recompute)
+        got = base._cache.get(key)
+        if got is not None:
+            return got
         fw = base._fw
         lc = layer_cost(
             shape.spec,
@@ -283,7 +287,8 @@ class LayoutCostModel(CostModel):
         kv = 2.0 * pos * shape.spec.kv_dim / s.tp * 2.0  # bf16 keys and values
         same = s.cp * s.tp <= base.hw.gpus_per_node
         f, b = cp_ring_exposed(kv, s.cp, lc.attn_fwd, base._hw, same)
-        return shape.layers * f, shape.layers * b
+        got = base._cache[key] = (shape.layers * f, shape.layers * b)
+        return got
 
     def _shared_params(self, section: str) -> float:
         """Parameters outside the blocks (input embedding and LM head) of an analytical
