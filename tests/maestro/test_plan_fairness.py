@@ -219,3 +219,55 @@ def _cost(i: int) -> dict[str, float]:
 
 def _feats(i: int) -> dict[str, float]:
     return {"samples": 1.0, **_cost(i)}
+
+
+# --- the wavefront groups by length where padding costs ------------------------------------
+
+
+class _Padded:
+    """A cost model of a padded runtime (the CPU one): a micro-batch costs its padded
+    positions (``tokens_padded``), forward 1 us and backward 2 us each."""
+
+    def forward_time(self, section, feats):
+        return 1e-6 * feats.get("tokens_padded", 0.0)
+
+    def backward_time(self, section, feats):
+        return 2e-6 * feats.get("tokens_padded", 0.0)
+
+    def transfer_time(self, producer, feats, same_node):
+        return 0.0
+
+    def allreduce_time(self, section, dp, same_node):
+        return 0.0
+
+
+def _padding(sched, by_id, section) -> float:
+    real = padded = 0.0
+    for rep in sched.order[section]:
+        for mb in rep:
+            lengths = [by_id[i].cost["tokens"] for i in mb.sample_ids]
+            if lengths:
+                real += sum(lengths)
+                padded += len(lengths) * max(lengths)
+    return padded / real
+
+
+@pytest.mark.parametrize("name", LIGHT)
+def test_wavefront_is_never_slower_than_a_length_grouped_fifo_where_padding_costs(name):
+    from maestro.schedule import fifo_schedule, wavefront_schedule
+    from maestro.schedule.timeline import simulate
+
+    wl = scenario_workload(ScenarioSpec(name=name, gpus=16, samples_per_gpu=4))
+    cm = _Padded()
+    by_id = {s.sample_id: s for s in wl.samples}
+    wave = wavefront_schedule(wl.samples, wl.sections, cm)
+    grouped = fifo_schedule(sorted(wl.samples, key=lambda s: -s.cost["tokens"]), wl.sections, cm)
+    t_wave = simulate(wave, wl.samples, wl.sections, cm).step_time
+    t_grouped = simulate(grouped, wl.samples, wl.sections, cm).step_time
+    assert t_wave <= t_grouped * (1 + 1e-12)
+    # the padding itself: well below data order's (1.25 against 1.85 on mllm's LLM). It may
+    # stay above the length-grouped fifo's (1.08 there): the cost-balancing passes overlap
+    # the sections better, which the padded runtime's step time rewards more
+    sink = wl.sections[-1].name  # the LLM / student: variable lengths, several replicas
+    fifo = fifo_schedule(wl.samples, wl.sections, cm)
+    assert _padding(wave, by_id, sink) < _padding(fifo, by_id, sink)

@@ -77,6 +77,7 @@ def wavefront_schedule(
     *,
     passes: Sequence[tuple[float, bool]] = PASSES,
     with_fifo: bool = True,
+    group_by_length: bool = True,
 ) -> Schedule:
     """Wavefront schedule: the best of a few greedy passes, scored by the simulator.
 
@@ -86,7 +87,10 @@ def wavefront_schedule(
     With ``with_fifo`` the fifo schedule is scored too and kept (under the name
     ``"wavefront"``) if it is strictly faster, so the result is never predicted slower than
     fifo; how close that is to "never slower" in a real run depends only on the cost model's
-    error.
+    error. With ``group_by_length`` a pass that fills micro-batches longest sample first
+    (similar lengths together, as a length-grouped sampler does) and, with ``with_fifo``,
+    the fifo schedule of the length-sorted batch compete too: where the cost model prices
+    padding (the runtime pads a micro-batch to its longest sample), grouping wins there.
 
     Args:
         samples: the global batch.
@@ -94,6 +98,7 @@ def wavefront_schedule(
         cost_model: estimates compute and transfer times; ``UnitCostModel`` if omitted.
         passes: the ``(lookahead, johnson)`` variants to try.
         with_fifo: also score the fifo schedule and keep it when it is predicted faster.
+        group_by_length: also try the length-grouped pass (and fifo).
 
     Returns:
         A ``Schedule`` whose replicas each hold an ordered list of micro-batches.
@@ -105,16 +110,24 @@ def wavefront_schedule(
     prep = _prepare(samples, sections, cm)
     score = len(passes) > 1 or with_fifo
     best, best_t = None, float("inf")
-    for la, jo in passes:
-        sched = _greedy(prep, la, jo)
+    score = score or group_by_length
+    runs = [(la, jo, False) for la, jo in passes]
+    if group_by_length:
+        runs.append((0.0, False, True))
+    for la, jo, by_len in runs:
+        sched = _greedy(prep, la, jo, by_len)
         t = simulate(sched, samples, sections, cm).step_time if score else 0.0
         if best is None or t < best_t - 1e-12 * max(t, 1.0):
             best, best_t = sched, t
     if with_fifo:
-        fifo = fifo_schedule(samples, sections)
-        t = simulate(fifo, samples, sections, cm).step_time
-        if t < best_t - 1e-12 * max(t, 1.0):
-            best = Schedule(order=fifo.order, name="wavefront")
+        orders = [list(samples)]
+        if group_by_length:
+            orders.append(sorted(samples, key=lambda s: -s.cost.get("tokens", 0.0)))
+        for order in orders:
+            fifo = fifo_schedule(order, sections)
+            t = simulate(fifo, samples, sections, cm).step_time
+            if t < best_t - 1e-12 * max(t, 1.0):
+                best, best_t = Schedule(order=fifo.order, name="wavefront"), t
     return best
 
 
@@ -156,6 +169,7 @@ class _Prep:
     lockstep: dict[str, int]  # section -> shard-group size (> 1: FSDP lockstep)
     key: dict[str, dict[int, tuple]]  # section -> sample -> pool key (smaller = sooner)
     johnson: dict[str, dict[int, tuple]]  # the same, producers ordered by Johnson's rule
+    length: dict[str, dict[int, tuple]]  # the same, longest first (length-grouped pass)
 
 
 def _prepare(samples, sections, cm: CostModel) -> _Prep:
@@ -185,6 +199,7 @@ def _prepare(samples, sections, cm: CostModel) -> _Prep:
         bwd[n] = {} if roles[n] == "forward" else {i: cm.backward_time(n, full[i]) / m for i in act}
     key = {}
     johnson = {}
+    length = {}
     owns: dict[str, dict[int, float]] = {}
     for n in order:
         k, kj = {}, {}
@@ -206,12 +221,16 @@ def _prepare(samples, sections, cm: CostModel) -> _Prep:
                 kj[i] = k[i]
         key[n] = k
         johnson[n] = kj
+        # longest first, so a micro-batch holds samples of similar length (little padding)
+        length[n] = {i: (-cost_of[i].get("tokens", 0.0), -owns[n][i], i) for i in fwd[n]}
     send = {n: {i: cm.transfer_time(n, one[i], True) for i in fwd[n]} for n in order}
     lock = {n: k for n in order if (k := lockstep_degree(cm, n)) > 1}
-    return _Prep(by_name, order, roles, cm, cost_of, send, owns, lock, key, johnson)
+    return _Prep(by_name, order, roles, cm, cost_of, send, owns, lock, key, johnson, length)
 
 
-def _greedy(prep: _Prep, lookahead: float, johnson: bool = False) -> Schedule:
+def _greedy(
+    prep: _Prep, lookahead: float, johnson: bool = False, by_length: bool = False
+) -> Schedule:
     if lookahead < 0:
         raise ValueError(f"lookahead must be >= 0, got {lookahead}")
     out_time: dict[str, dict[int, float]] = {}
@@ -227,7 +246,7 @@ def _greedy(prep: _Prep, lookahead: float, johnson: bool = False) -> Schedule:
                 if done is not None:
                     t = max(t, done + prep.send[p][i])
             ready[i] = t
-        keys = (prep.johnson if johnson else prep.key)[n]
+        keys = (prep.length if by_length else prep.johnson if johnson else prep.key)[n]
         if n in prep.lockstep:
             reps, out_time[n] = _lockstep_list_schedule(
                 sec,
