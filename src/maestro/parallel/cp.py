@@ -1,0 +1,435 @@
+"""Context parallelism (CP): one sample's sequence split over the ranks of a CP group.
+
+A CP group (``[sections.X] cp``, ``maestro.parallel.mesh``) shares its replica's micro-batches;
+each rank holds a load-balanced share of every sequence. A sequence of ``T`` tokens is cut
+into ``2 * cp`` chunks of ``T // (2 cp)`` or one more tokens; CP rank ``r`` holds chunks ``r``
+and ``2 cp - 1 - r`` (the "head and tail" split: every rank gets the same share of the causal
+triangle). Uneven lengths need no padding of the data: chunks differ by at most one token,
+and the K/V exchange pads internally to equal shapes and masks the pad out.
+
+How the user's forward runs unchanged (``cp_forward``): the runtime gives it, for each sample,
+two *chunk samples* (head chunk, tail chunk), in sample order. A chunk sample's tensors of the
+sequence's length ``T`` on dim 0 (``tokens``/``input_ids``, ``labels``) are cut to the chunk
+plus one *overlap* token (the next chunk's first, absent at the end of the sequence), and
+tensors of length ``T - 1`` (next-token predictions, e.g. a teacher's logits) to the chunk's
+own predictions. A forward that predicts token ``t + 1`` from position ``t`` of each sample
+(and drops the last position's logits) therefore computes exactly its chunks' targets, and
+the overlap token is a query only: its key and value are masked out of attention, so nothing
+is counted twice. Every ``torch.nn.functional.scaled_dot_product_attention`` call inside the
+forward is routed to ``ring_attention`` (``SDPAToRing``, a ``TorchFunctionMode``), which knows
+each row's global positions. Positions for the model's own position embeddings or rotary
+(``position_ids``) come from ``positions``.
+
+Outputs are made whole again: a per-sample scalar (a sink's loss) is the sum over the chunk
+samples and over the CP group (its value is the whole sample's, its gradient this rank's
+share); a tensor of the chunk sample's length (or one less) on dim 0 is gathered over the
+group into the whole sequence's (``T`` or ``T - 1`` rows), gradients flowing to this rank's
+rows. Parameter gradients are summed over the CP group by the executor.
+
+Why not ``torch.distributed.tensor.experimental.context_parallel``: under torch 2.13 on CPU it
+raises ``NotImplementedError: Operator aten._scaled_dot_product_flash_attention_for_cpu.default
+does not have a sharding strategy registered``; it also needs the sequence as a DTensor
+buffer of the whole model's inputs, which a compound section's forward does not expose. The
+attention here is plain tensor math (matmuls, ``logsumexp``), the same code on CUDA/NCCL and
+CPU/gloo. K/V blocks are exchanged with ``all_gather`` and their gradients returned with one
+``all_reduce`` (gloo has no ``reduce_scatter``); each rank then attends block by block, merged
+by log-sum-exp, so at most one ``(queries x block)`` score matrix is live at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+#: the active CP context while a CP section's forward runs (``cp_forward``)
+_ACTIVE: list[CPContext] = []
+
+
+def chunk_bounds(length: int, cp: int) -> list[tuple[int, int]]:
+    """``[(start, end)]`` of the ``2 * cp`` chunks of a sequence of ``length`` tokens (the
+    first ``length % (2 cp)`` chunks one token longer)."""
+    n = 2 * cp
+    base, extra = divmod(length, n)
+    out, s = [], 0
+    for i in range(n):
+        e = s + base + (1 if i < extra else 0)
+        out.append((s, e))
+        s = e
+    return out
+
+
+def rank_chunks(index: int, cp: int) -> tuple[int, int]:
+    """The two chunks CP rank ``index`` holds: ``index`` and ``2 cp - 1 - index``."""
+    return index, 2 * cp - 1 - index
+
+
+def sequence_length(sample, where: str) -> int:
+    """The sample's token count (``input_ids`` or ``tokens``); ``ValueError`` without one."""
+    from maestro.job import TOKEN_KEYS
+
+    for k in TOKEN_KEYS:
+        v = sample.get(k)
+        if isinstance(v, torch.Tensor) and v.dim() >= 1:
+            return int(v.shape[0])
+    raise ValueError(
+        f"{where}.cp: context parallelism splits a sample's token sequence, but this sample "
+        f"has no {' or '.join(TOKEN_KEYS)} tensor"
+    )
+
+
+def _cut(value, length: int, start: int, vlen: int):
+    """``value`` cut for a chunk sample (see the module docstring); others unchanged."""
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return value
+    if value.shape[0] == length:
+        return value[start : start + vlen]
+    if value.shape[0] == length - 1:
+        return value[start : start + vlen - 1]
+    return value
+
+
+@dataclass
+class CPContext:
+    """What ring attention needs about the micro-batch being run.
+
+    Args:
+        group: the CP process group.
+        cp: its size.
+        index: this rank's index in it.
+        rows: per CP rank, per chunk-sample row of its batch: ``(start, num_keys)``, the
+            row's first global position and its real (non-overlap) tokens.
+        where: the config table, for errors.
+    """
+
+    group: object
+    cp: int
+    index: int
+    rows: list[list[tuple[int, int]]]
+    where: str
+    calls: int = 0
+    #: set by the first SDPA call: why CP cannot run this forward (raised after it)
+    refusal: str | None = None
+    _pos: dict = field(default_factory=dict)
+
+    def row_positions(self, rank: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(positions, is_key)`` of rank ``rank``'s rows, each ``(rows, length)``."""
+        key = (rank, length, str(device))
+        if key not in self._pos:
+            starts = torch.tensor([s for s, _ in self.rows[rank]], device=device)
+            nkeys = torch.tensor([n for _, n in self.rows[rank]], device=device)
+            t = torch.arange(length, device=device)
+            self._pos[key] = (starts[:, None] + t, t[None, :] < nkeys[:, None])
+        return self._pos[key]
+
+
+def positions(batch: int, length: int, device=None) -> torch.Tensor | None:
+    """Global positions ``(batch, length)`` of the rows a CP section's forward is running
+    (each chunk sample's own), or ``None`` outside context parallelism, where positions are
+    ``arange(length)``. A model with learned positions or rotary embeddings calls it (or
+    gets ``position_ids`` from its forward) so positions follow the rank's share."""
+    if not _ACTIVE:
+        return None
+    ctx = _ACTIVE[-1]
+    pos, _ = ctx.row_positions(ctx.index, length, device)
+    if pos.shape[0] != batch:
+        raise ValueError(
+            f"{ctx.where}.cp: the forward runs {batch} rows, but its micro-batch has "
+            f"{pos.shape[0]} chunk samples (two per sample, in order, right-padded)"
+        )
+    return pos
+
+
+class SDPAToRing(TorchFunctionMode):
+    """Routes ``F.scaled_dot_product_attention`` to ``ring_attention`` under ``ctx``."""
+
+    def __init__(self, ctx: CPContext) -> None:
+        super().__init__()
+        self.ctx = ctx
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            return _sdpa(self.ctx, *args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _sdpa(
+    ctx: CPContext,
+    query,
+    key,
+    value,
+    attn_mask=None,
+    dropout_p=0.0,
+    is_causal=False,
+    scale=None,
+    enable_gqa=False,
+):
+    ctx.calls += 1
+    why = None
+    if attn_mask is not None:
+        why = (
+            "its attention passes an attn_mask to scaled_dot_product_attention; context "
+            "parallelism honours only causal (is_causal=True) or no mask"
+        )
+    elif dropout_p:
+        why = "its attention uses dropout (dropout_p > 0)"
+    elif query.dim() != 4:
+        why = f"scaled_dot_product_attention got {query.dim()}-D queries; need (B, H, L, D)"
+    elif query.shape[0] != len(ctx.rows[ctx.index]):
+        why = (
+            f"its attention runs {query.shape[0]} rows, but the micro-batch has "
+            f"{len(ctx.rows[ctx.index])} chunk samples: the forward must batch its samples "
+            "in order, right-padded"
+        )
+    if why is not None:
+        raise ValueError(f"{ctx.where}.cp: cannot split this section's attention: {why}")
+    if key.shape[-3] != query.shape[-3]:  # grouped-query attention
+        rep = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(rep, dim=-3)
+        value = value.repeat_interleave(rep, dim=-3)
+    if scale is None:
+        scale = query.shape[-1] ** -0.5
+    return ring_attention(query, key, value, ctx, bool(is_causal), float(scale))
+
+
+def ring_attention(q, k, v, ctx: CPContext, causal: bool, scale: float) -> torch.Tensor:
+    """Attention of this rank's rows ``q, k, v`` (``(B, H, L, D)``; rows ``2i, 2i + 1`` are
+    sample ``i``'s head and tail chunk) against every CP rank's keys and values, equal to the
+    whole sequence's attention at this rank's positions (``ctx.rows``)."""
+    return _RingAttention.apply(q, k, v, ctx, causal, scale)
+
+
+def _to_samples(x: torch.Tensor) -> torch.Tensor:
+    """``(2S, H, L, D) -> (S, H, 2L, D)``: a sample's two chunk rows side by side."""
+    b, h, n, d = x.shape
+    return x.view(b // 2, 2, h, n, d).transpose(1, 2).reshape(b // 2, h, 2 * n, d)
+
+
+def _from_samples(x: torch.Tensor, n: int) -> torch.Tensor:
+    """Inverse of ``_to_samples`` for rows of length ``n``."""
+    s, h, _, d = x.shape
+    return x.view(s, h, 2, n, d).transpose(1, 2).reshape(2 * s, h, n, d)
+
+
+def _gather_blocks(x: torch.Tensor, ctx: CPContext) -> tuple[torch.Tensor, list[int]]:
+    """Every CP rank's ``x`` (``(B, H, L_r, D)``), padded to the longest ``L``:
+    ``((cp, B, H, L_max, D), [L_r])``."""
+    n = torch.tensor([x.shape[2]], device=x.device)
+    ns = [torch.zeros_like(n) for _ in range(ctx.cp)]
+    dist.all_gather(ns, n, group=ctx.group)
+    lens = [int(t) for t in ns]
+    m = max(lens)
+    xp = F.pad(x, (0, 0, 0, m - x.shape[2])).contiguous()
+    out = [torch.empty_like(xp) for _ in range(ctx.cp)]
+    dist.all_gather(out, xp, group=ctx.group)
+    return torch.stack(out), lens
+
+
+def _mask(ctx: CPContext, rank: int, qpos, m: int, causal: bool, device) -> torch.Tensor:
+    """``(S, 1, 2Lq, 2m)``: which of rank ``rank``'s keys (rows padded to ``m``) each query
+    (global positions ``qpos``, ``(S, 2Lq)``) sees."""
+    kpos, is_key = ctx.row_positions(rank, m, device)
+    kpos, is_key = kpos.reshape(-1, 2 * m), is_key.reshape(-1, 2 * m)  # (S, 2m)
+    mask = is_key[:, None, :].expand(-1, qpos.shape[1], -1)
+    if causal:
+        mask = mask & (kpos[:, None, :] <= qpos[:, :, None])
+    return mask[:, None]
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(fctx, q, k, v, ctx: CPContext, causal: bool, scale: float):
+        n = q.shape[2]
+        ks, lens = _gather_blocks(k, ctx)
+        vs, _ = _gather_blocks(v, ctx)
+        m = ks.shape[3]
+        qs = _to_samples(q)  # (S, H, 2n, D)
+        qpos = ctx.row_positions(ctx.index, n, q.device)[0].reshape(-1, 2 * n)
+        out = torch.zeros_like(qs)
+        lse = torch.full(qs.shape[:-1] + (1,), float("-inf"), dtype=q.dtype, device=q.device)
+        for r in range(ctx.cp):
+            kr, vr = _to_samples(ks[r]), _to_samples(vs[r])  # (S, H, 2m, D)
+            mask = _mask(ctx, r, qpos, m, causal, q.device)
+            s = (qs @ kr.transpose(-1, -2)) * scale
+            s = s.masked_fill(~mask, float("-inf"))
+            lse_r = torch.logsumexp(s, dim=-1, keepdim=True)
+            p = torch.exp(s - _finite(lse_r))
+            o_r = p @ vr
+            new = torch.logaddexp(lse, lse_r)
+            safe = _finite(new)
+            out = torch.exp(lse - safe) * out + torch.exp(lse_r - safe) * o_r
+            lse = new
+        fctx.save_for_backward(qs, ks, vs, out, lse)
+        fctx.ctx, fctx.causal, fctx.scale, fctx.n, fctx.lens = ctx, causal, scale, n, lens
+        return _from_samples(out, n)
+
+    @staticmethod
+    def backward(fctx, grad):
+        qs, ks, vs, out, lse = fctx.saved_tensors
+        ctx, causal, scale, n = fctx.ctx, fctx.causal, fctx.scale, fctx.n
+        m = ks.shape[3]
+        do = _to_samples(grad.contiguous())
+        qpos = ctx.row_positions(ctx.index, n, qs.device)[0].reshape(-1, 2 * n)
+        delta = (do * out).sum(-1, keepdim=True)
+        dq = torch.zeros_like(qs)
+        dks, dvs = torch.zeros_like(ks), torch.zeros_like(vs)
+        for r in range(ctx.cp):
+            kr, vr = _to_samples(ks[r]), _to_samples(vs[r])
+            mask = _mask(ctx, r, qpos, m, causal, qs.device)
+            s = (qs @ kr.transpose(-1, -2)) * scale
+            p = torch.exp(s - _finite(lse)).masked_fill(~mask, 0.0)
+            dp = do @ vr.transpose(-1, -2)
+            ds = p * (dp - delta) * scale
+            dq = dq + ds @ kr
+            dks[r] = _from_samples(ds.transpose(-1, -2) @ qs, m)
+            dvs[r] = _from_samples(p.transpose(-1, -2) @ do, m)
+        # the keys' and values' gradients go home: every rank's contributions summed
+        both = torch.stack([dks, dvs])
+        dist.all_reduce(both, op=dist.ReduceOp.SUM, group=ctx.group)
+        own = fctx.lens[ctx.index]
+        dk = both[0, ctx.index][:, :, :own]
+        dv = both[1, ctx.index][:, :, :own]
+        return _from_samples(dq, n), dk, dv, None, None, None
+
+
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with infinities replaced by 0 (rows that see no key in a block)."""
+    return torch.where(torch.isinf(x), torch.zeros_like(x), x)
+
+
+@contextlib.contextmanager
+def active(ctx: CPContext):
+    """Run a forward under ``ctx``: SDPA calls become ring attention; ``positions`` works."""
+    _ACTIVE.append(ctx)
+    try:
+        with SDPAToRing(ctx):
+            yield ctx
+    finally:
+        _ACTIVE.pop()
+
+
+def split_micro_batch(samples, inputs, cp: int, index: int, where: str):
+    """``(chunk samples, chunk inputs, rows)`` of a micro-batch for CP rank ``index``:
+    two chunk samples per sample (see the module docstring) and every rank's rows
+    (``CPContext.rows``)."""
+    vs: list = []
+    vin: dict[str, list] = {p: [] for p in inputs}
+    rows: list[list[tuple[int, int]]] = [[] for _ in range(cp)]
+    for i, s in enumerate(samples):
+        length = sequence_length(s, where)
+        if length < 2 * cp:
+            raise ValueError(
+                f"{where}.cp = {cp}: a sample has {length} tokens, fewer than 2 x cp = "
+                f"{2 * cp} (every rank needs two non-empty chunks)"
+            )
+        bounds = chunk_bounds(length, cp)
+        for r in range(cp):
+            for c in rank_chunks(r, cp):
+                rows[r].append((bounds[c][0], bounds[c][1] - bounds[c][0]))
+        for c in rank_chunks(index, cp):
+            start, end = bounds[c]
+            vlen = end - start + (1 if end < length else 0)
+            vs.append({k: _cut(x, length, start, vlen) for k, x in s.items()})
+            for p, col in inputs.items():
+                o = col[i]
+                vin[p].append(
+                    None if o is None else {k: _cut(x, length, start, vlen) for k, x in o.items()}
+                )
+    return vs, vin, rows
+
+
+def merge_outputs(outs, samples, cp: int, index: int, group, where: str) -> list[dict]:
+    """Whole per-sample outputs from this rank's chunk outputs (see the module docstring)."""
+    scalars: list[tuple[int, str, torch.Tensor]] = []
+    merged: list[dict] = []
+    for i, s in enumerate(samples):
+        length = sequence_length(s, where)
+        bounds = chunk_bounds(length, cp)
+        a, b = outs[2 * i], outs[2 * i + 1]
+        out = {}
+        for key, x in a.items():
+            if not isinstance(x, torch.Tensor):
+                out[key] = x
+            elif x.dim() == 0:
+                scalars.append((i, key, x + b[key]))
+            else:
+                out[key] = _gather_sequence(key, (x, b[key]), bounds, length, cp, index, group, where)
+        merged.append(out)
+    if scalars:
+        local = torch.stack([x for _, _, x in scalars])
+        total = local.detach().clone()
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+        # value: the whole sample's; gradient: this rank's share
+        whole = local + (total - local.detach())
+        for j, (i, key, _) in enumerate(scalars):
+            merged[i][key] = whole[j]
+    return merged
+
+
+def _gather_sequence(key, pieces, bounds, length, cp, index, group, where) -> torch.Tensor:
+    """One per-sample tensor made whole over the CP group (rows in global order)."""
+    own = rank_chunks(index, cp)
+    chunk = bounds[own[0]]
+    vlen = chunk[1] - chunk[0] + (1 if chunk[1] < length else 0)
+    if pieces[0].shape[0] == vlen:
+        full = length  # one row per position
+    elif pieces[0].shape[0] == vlen - 1:
+        full = length - 1  # next-token predictions
+    else:
+        raise ValueError(
+            f"{where}.cp: output {key!r} has {pieces[0].shape[0]} rows for a chunk of "
+            f"{vlen} tokens; a CP section's per-sample outputs must be scalars or have one "
+            "row per token (or per predicted token)"
+        )
+
+    def rows(c):
+        s, e = bounds[c]
+        return max(min(e, full) - s, 0)
+
+    mine = torch.cat([p[: rows(c)] for p, c in zip(pieces, own)])
+    sizes = [sum(rows(c) for c in rank_chunks(r, cp)) for r in range(cp)]
+    most = max(sizes)
+    buf = torch.zeros((most, *mine.shape[1:]), dtype=mine.dtype, device=mine.device)
+    buf[: mine.shape[0]] = mine.detach()
+    got = [torch.empty_like(buf) for _ in range(cp)]
+    dist.all_gather(got, buf, group=group)
+    parts = []
+    for c in range(2 * cp):
+        r = c if c < cp else 2 * cp - 1 - c
+        if r == index:
+            off = 0 if c == own[0] else rows(own[0])
+            parts.append(mine[off : off + rows(c)])
+        else:
+            first = rank_chunks(r, cp)[0]
+            off = 0 if c == first else rows(first)
+            parts.append(got[r][off : off + rows(c)])
+    return torch.cat(parts)
+
+
+def cp_forward(forward, cp: int, index: int, group, where: str):
+    """Wrap a section forward ``forward(module, samples, inputs)`` for CP rank ``index``:
+    split, run under ring attention, merge (module docstring). Raises ``ValueError`` naming
+    ``where`` when the forward calls no ``scaled_dot_product_attention``."""
+
+    def run(module, samples: Sequence, inputs):
+        vs, vin, rows = split_micro_batch(samples, inputs, cp, index, where)
+        ctx = CPContext(group=group, cp=cp, index=index, rows=rows, where=where)
+        with active(ctx):
+            outs = forward(module, vs, vin)
+        if ctx.calls == 0:
+            raise ValueError(
+                f"{where}.cp: no torch.nn.functional.scaled_dot_product_attention call in the "
+                "section's forward, so its attention cannot be split (use SDPA, e.g. "
+                'attn_implementation="sdpa", or cp = 1)'
+            )
+        if len(outs) != len(vs):
+            raise ValueError(f"{where}.cp: the forward returned {len(outs)} outputs for {len(vs)}")
+        return merge_outputs(outs, samples, cp, index, group, where)
+
+    return run
