@@ -67,13 +67,13 @@ def _check(rank, causal, lengths):
     grads = []
     for full, loc in ((q, ql), (k, kl), (v, vl)):
         acc = [torch.zeros_like(x) for x in full]
-        for j, (start, n) in enumerate(rows[rank]):
+        for j, (start, _) in enumerate(rows[rank]):
             m = min(length, full[j // 2].shape[1] - start)
             acc[j // 2][:, start : start + m] += loc.grad[j, :, :m]
         flat = torch.cat([a.flatten() for a in acc])
         dist.all_reduce(flat)
         grads.append(flat)
-    for i, t in enumerate(lengths):
+    for i in range(len(lengths)):
         qi, ki, vi = (x[i].clone().requires_grad_() for x in (q, k, v))
         ref = F.scaled_dot_product_attention(qi[None], ki[None], vi[None], is_causal=causal)[0]
         for j, (start, n) in enumerate(rows[rank]):

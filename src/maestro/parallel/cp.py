@@ -359,7 +359,9 @@ def merge_outputs(outs, samples, cp: int, index: int, group, where: str) -> list
             elif x.dim() == 0:
                 scalars.append((i, key, x + b[key]))
             else:
-                out[key] = _gather_sequence(key, (x, b[key]), bounds, length, cp, index, group, where)
+                out[key] = _gather_sequence(
+                    key, (x, b[key]), bounds, length, cp, index, group, where
+                )
         merged.append(out)
     if scalars:
         local = torch.stack([x for _, _, x in scalars])

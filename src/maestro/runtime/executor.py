@@ -147,6 +147,22 @@ def _grads_of(received: Outputs) -> Outputs:
     }
 
 
+def _sum_received_grads(received: list[tuple[str, int, Outputs]], group) -> None:
+    """SUM the gradients of the received tensors over ``group`` (one flat all-reduce),
+    written back as their ``.grad``."""
+    ts = [t for _, _, got in received for t in got.values() if t.requires_grad]
+    if not ts:
+        return
+    flat = torch.cat(
+        [(t.grad if t.grad is not None else torch.zeros_like(t)).reshape(-1) for t in ts]
+    )
+    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+    off = 0
+    for t in ts:
+        t.grad = flat[off : off + t.numel()].view_as(t).clone()
+        off += t.numel()
+
+
 class MaestroWorker(WorkerCheckpoints):
     """The replica of one section on this rank.
 
@@ -200,6 +216,8 @@ class MaestroWorker(WorkerCheckpoints):
         self.section.module.to(device)
         self.group = None  # plain replicas: the flat gradient all-reduce's group
         self.mesh = None
+        #: this rank's CP group (``cp > 1``: ring attention's, and the input gradients' sum)
+        self.cp_group = None
         #: a colocated group's per-member grids on this rank (``_group_comms``)
         self.member_comm = None
         for spec in self.specs:  # every rank creates every group, in the same order
@@ -222,10 +240,18 @@ class MaestroWorker(WorkerCheckpoints):
                 m = build_section_mesh(sl, device.type)
                 if spec.name == self.name:
                     self.mesh = m
-            elif spec.dp > 1:
+                    if sl.cp > 1:
+                        self.cp_group = m["cp"].get_group()
+            elif spec.dp > 1 or sl.cp > 1:
+                # without a mesh the flat gradient sum runs over every rank (dp x cp)
                 g = dist.new_group(self.layout[spec.name])
                 if spec.name == self.name:
                     self.group = g
+            if sl.cp > 1 and not sl.sharded:
+                for ranks in sl.cp_groups():
+                    g = dist.new_group(ranks)
+                    if spec.name == self.name and rank in ranks:
+                        self.cp_group = g
         # the non-finite guard's flags are agreed among the ranks of trainable sections only:
         # frozen ranks never update, so they keep running ahead of their consumers
         self.guard_names = [s.name for s in self.specs if not s.frozen]
@@ -270,6 +296,22 @@ class MaestroWorker(WorkerCheckpoints):
                     apply_recompute(transformer_blocks(sec_m.module, sec_m.parallel, where), where)
         #: the gradient-sum group over replicas of a TP-sharded section without FSDP
         self.dp_group = self.strategy.dp_group if self.strategy is not None else None
+        #: CP: the section's forward runs on this rank's share of every sequence
+        #: (``maestro.parallel.cp``); a sharded section sums its gradients over the CP group
+        #: in the step's tail (a plain one's flat sum already spans it)
+        self.cp_grad_group = None
+        if lay.cp > 1:
+            from maestro.parallel.cp import cp_forward
+
+            self.section._forward = cp_forward(
+                self.section._forward,
+                lay.cp,
+                lay.cp_index(rank),
+                self.cp_group,
+                f"sections.{self.name}",
+            )
+            if self.mesh is not None:
+                self.cp_grad_group = self.cp_group
         self.params = [p for p in self.section.module.parameters() if p.requires_grad]
         self.optimizer = None
         #: ``(section config, parameters, optimizer)`` stepped after each step
@@ -330,6 +372,7 @@ class MaestroWorker(WorkerCheckpoints):
         self.label = (
             f"{self.name}[{self.replica}]"
             + (f"pp{self.stage_index}" if lay.pp > 1 else "")
+            + (f"cp{lay.cp_index(rank)}" if lay.cp > 1 else "")
             + (f"tp{tp_index}" if lay.tp > 1 else "")
         )
         #: ``"stop"`` (raise ``NonFiniteError``) or ``"skip"`` (no update on any rank)
@@ -746,6 +789,9 @@ class MaestroWorker(WorkerCheckpoints):
             elif self.dp_group is not None:  # TP replicas; HSDP across shard groups
                 with tr.span("all-reduce grads", "comm"):
                     pgrads.allreduce_grads(self.params, self.dp_group)
+            if self.cp_grad_group is not None:  # each CP rank holds its share's gradients
+                with tr.span("all-reduce grads (cp)", "comm"):
+                    pgrads.allreduce_grads(self.params, self.cp_grad_group)
             if self.stage is not None:
                 from maestro.runtime.pipeline import reduce_shared_grads
 
@@ -876,6 +922,10 @@ class MaestroWorker(WorkerCheckpoints):
     def _send_input_grads(
         self, received: list[tuple[str, int, Outputs]], schedule: Schedule, tag: int, step: int
     ) -> None:
+        if self.cp_group is not None and received:
+            # each CP rank holds the gradients of its share of the sequence: sum them
+            with self.tracer.span("sum input grads (cp)", "comm"):
+                _sum_received_grads(received, self.cp_group)
         if not self.sends_input_grads:  # TP peers hold the same (all-reduced) input gradients
             return
         by_dst: dict[int, list[tuple[int, Outputs]]] = {}
