@@ -121,3 +121,104 @@ def test_ring_attention_equals_sdpa_on_two_gloo_ranks():
     while not errors.empty():
         msgs.append(errors.get())
     assert not msgs, msgs[0]
+
+
+# -- refusals: one line naming the section and the reason ------------------------------------
+
+
+class _NoSDPA(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(8, 4)
+
+    def forward(self, tokens):
+        return self.emb(tokens)
+
+
+class _Masked(_NoSDPA):
+    def forward(self, tokens):
+        x = self.emb(tokens)[:, None]  # (B, 1, T, D)
+        mask = torch.ones(x.shape[2], x.shape[2], dtype=torch.bool).tril()
+        return F.scaled_dot_product_attention(x, x, x, attn_mask=mask)[:, 0]
+
+
+def _fwd(module, samples, inputs):
+    from maestro.workloads.layers import pad_stack
+
+    out = module(pad_stack([s["tokens"] for s in samples]))
+    return [{"loss": out[i, : s["tokens"].numel()].sum()} for i, s in enumerate(samples)]
+
+
+def _per_sample(module, samples, inputs):
+    return [{"loss": module(s["tokens"][None]).sum()} for s in samples]
+
+
+@pytest.mark.parametrize(
+    "module, forward, length, match",
+    [
+        (_NoSDPA, _fwd, 8, r"^sections\.lm\.cp: no torch\.nn\.functional\.scaled_dot_product"),
+        (_Masked, _fwd, 8, r"^sections\.lm\.cp: cannot split .*passes an attn_mask"),
+        (_Masked, _per_sample, 8, r"^sections\.lm\.cp: cannot split .*attn_mask"),
+        (_NoSDPA, _fwd, 3, r"^sections\.lm\.cp = 2: a sample has 3 tokens, fewer than 2 x cp"),
+    ],
+)
+def test_cp_refuses_in_one_line(module, forward, length, match):
+    run = C.cp_forward(forward, 2, 0, None, "sections.lm")
+    with pytest.raises(ValueError, match=match) as e:
+        run(module(), [{"tokens": torch.arange(length) % 8}], {})
+    assert "\n" not in str(e.value)
+
+
+def test_cp_refuses_a_forward_that_runs_samples_one_by_one():
+    class Attn(_NoSDPA):
+        def forward(self, tokens):
+            x = self.emb(tokens)[:, None]
+            return F.scaled_dot_product_attention(x, x, x, is_causal=True)[:, 0]
+
+    run = C.cp_forward(_per_sample, 2, 0, None, "sections.lm")
+    with pytest.raises(ValueError, match=r"runs 1 rows, but the micro-batch has 2 chunk"):
+        run(Attn(), [{"tokens": torch.arange(8)}], {})
+
+
+# -- config and layout -------------------------------------------------------------------------
+
+_TOML = """
+global_batch = 4
+[workload]
+name = "kd"
+[sections.teacher]
+frozen = true
+{teacher}
+[sections.student]
+{student}
+"""
+
+
+def test_config_cp_counts_ranks_and_refuses_what_it_cannot_compose():
+    from maestro import config as cfgmod
+
+    cfg = cfgmod.loads(_TOML.format(teacher="cp = 2\ntp = 2", student="fsdp = 2\ncp = 2"))
+    assert cfg.sections["teacher"].cp == 2 and cfg.world_size == 8
+    with pytest.raises(ValueError, match=r"x cp 2 x tp 2.*world size is 4"):
+        cfg.check_world_size(4)
+    for bad, match in (
+        ("cp = 0", r"sections\.student\.cp must be an integer >= 1, got 0"),
+        ("cp = 2\npp = 2", r"sections\.student\.cp: context parallelism does not compose with pp"),
+        ("cp = 2\nrecompute = true", r"sections\.student\.cp: .* with recompute"),
+        ("cp = 2\ndp = 2\nzero = 1", r"sections\.student\.cp: .* with zero"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            cfgmod.loads(_TOML.format(teacher="", student=bad))
+
+
+def test_layout_orders_ranks_dp_fsdp_cp_tp():
+    from maestro.parallel.mesh import SectionLayout
+
+    lay = SectionLayout("s", tuple(range(16)), dp=2, fsdp=2, tp=2, cp=2)
+    assert lay.grid()[1][0] == [[8, 9], [10, 11]]  # [dp][fsdp][cp][tp]
+    assert lay.dims == ("dp", "fsdp", "cp", "tp")
+    assert lay.replica_of(11) == 2 and lay.cp_index(11) == 1 and lay.coordinate(11) == (1, 0, 1)
+    assert lay.cp_peers(9) == [9, 11] and lay.tp_peers(10) == [10, 11]
+    assert lay.replica_ranks(1) == [4, 5, 6, 7] and lay.leader(1) == 4
+    assert lay.output_ranks(1) == [4, 5, 6, 7] and lay.dp_peers(5) == [1, 5, 9, 13]
+    assert lay.cp_groups()[:2] == [[0, 2], [1, 3]]

@@ -10,6 +10,7 @@ import torch
 
 from maestro import config as C
 from maestro.runtime import RunOptions, launch, reference_train
+from maestro.runtime import checkpoint as ck
 from maestro.workloads import get_workload
 
 pytestmark = pytest.mark.dist
@@ -73,6 +74,8 @@ CASES = {
     "kd-student_cp2xfsdp2": ("", "cp = 2\nfsdp = 2", "wavefront"),
     # both split; the student's 2 CP ranks per each of 2 plain replicas
     "kd-teacher_cp2-student_dp2xcp2": ("cp = 2", "dp = 2\ncp = 2", "fifo"),
+    # CP groups of TP groups: the student's heads split over 2 ranks, its sequence over 2
+    "kd-teacher_cp2xtp2-student_cp2xtp2": ("cp = 2\ntp = 2", "cp = 2\ntp = 2", "fifo"),
 }
 
 
@@ -81,3 +84,45 @@ def test_cp_equals_reference(tmp_path, case):
     teacher, student, scheduler = CASES[case]
     text = KD.format(teacher=teacher, student=student, scheduler=scheduler)
     _run_and_compare(tmp_path, text, ["student"])
+
+
+def _resume_across(tmp_path, first: str, second: str, trained):
+    """2 steps under ``first`` (checkpointed), 2 more resumed under ``second``: weights and all
+    4 losses equal the single-process ``reference_train``."""
+    d = tmp_path / "ckpt"
+    cfg1 = C.loads(first.replace("steps = 3", "steps = 2"))
+    launch(cfg1, opts=RunOptions(progress=False, checkpoint_every=2, checkpoint_dir=str(d)))
+    found = ck.latest(d)
+    assert found is not None and found.next_step == 2
+    cfg2 = C.loads(second.replace("steps = 3", "steps = 4"))
+    out = tmp_path / "out"
+    res = launch(
+        cfg2,
+        opts=RunOptions(progress=False, checkpoint_dir=str(d), resume=True, save_dir=str(out)),
+        timeout_s=300,
+    )
+    assert res["start_step"] == 2
+    graph, losses = reference_train(cfg2)
+    for name in trained:
+        err = _rel_err(torch.load(out / f"{name}.pt"), graph[name].module.state_dict())
+        assert err <= 1e-10, f"{name}: relative error {err:.3g} after resuming"
+    torch.testing.assert_close(
+        torch.tensor(res["losses"]), torch.tensor(losses), rtol=1e-10, atol=0
+    )
+
+
+def test_cp_checkpoint_resumes_under_cp1_and_back(tmp_path):
+    """A checkpoint is whole per section: student cp=2 x fsdp=2 -> cp=1, and cp=1 -> cp=2."""
+    kd = KD.replace("{scheduler}", "fifo")
+    _resume_across(
+        tmp_path / "a",
+        kd.format(teacher="cp = 2", student="cp = 2\nfsdp = 2"),
+        kd.format(teacher="", student=""),
+        ["student"],
+    )
+    _resume_across(
+        tmp_path / "b",
+        kd.format(teacher="", student="dp = 2"),
+        kd.format(teacher="", student="cp = 2"),
+        ["student"],
+    )
