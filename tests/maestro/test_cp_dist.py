@@ -126,3 +126,22 @@ def test_cp_checkpoint_resumes_under_cp1_and_back(tmp_path):
         kd.format(teacher="", student="cp = 2"),
         ["student"],
     )
+
+
+def test_hf_kd_teacher_cp2_equals_plain_loop(tmp_path, kd_data):
+    """The Hugging Face KD example (Llama, SDPA attention, rotary positions) with its frozen
+    teacher at cp = 2 and its student at cp = 2 x dp = 1 beside it: 4 ranks."""
+    from test_hf_dist import EXAMPLES, check, plain_kd_loop
+    from test_hf_dist import KD as HF_KD
+
+    text = HF_KD.format(dtype="float64", examples=EXAMPLES, data=kd_data, student_dp="1\ncp = 2")
+    cfg = C.loads(text.replace("frozen = true", "frozen = true\ncp = 2"))
+    res = launch(cfg, 4, RunOptions(save_dir=str(tmp_path), progress=False), timeout_s=240)
+    check(cfg, res, tmp_path, plain_kd_loop, 1e-10)
+
+
+@pytest.fixture(scope="module")
+def kd_data(tmp_path_factory):
+    from test_hf_dist import make_data
+
+    return make_data("hf_kd", tmp_path_factory.mktemp("kd") / "train.jsonl", 24, 64, 4, 20, seed=3)

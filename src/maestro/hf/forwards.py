@@ -51,7 +51,15 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
 
 
 def _logits(module: nn.Module, samples: Sequence[Sample]) -> torch.Tensor:
+    from maestro.parallel.cp import positions
+
     ids, mask = pad_right([s["input_ids"] for s in samples])
+    pos = positions(ids.shape[0], ids.shape[1], ids.device)
+    if pos is not None:
+        # context parallelism: rotary positions of this rank's share of each sequence; no
+        # padding mask (causal attention over right padding needs none, and ring attention
+        # masks the padded keys itself)
+        return module(input_ids=ids, position_ids=pos, use_cache=False).logits
     return module(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
 
 
