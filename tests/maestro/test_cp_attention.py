@@ -222,3 +222,26 @@ def test_layout_orders_ranks_dp_fsdp_cp_tp():
     assert lay.replica_ranks(1) == [4, 5, 6, 7] and lay.leader(1) == 4
     assert lay.output_ranks(1) == [4, 5, 6, 7] and lay.dp_peers(5) == [1, 5, 9, 13]
     assert lay.cp_groups()[:2] == [[0, 2], [1, 3]]
+
+
+def test_share_gives_each_rank_its_rows_and_unshare_returns_them():
+    """A producer sends CP rank ``r`` only the rows of its chunk samples; cut on arrival,
+    they equal the cut of the whole tensor; the ranks' gradients add up to the whole one."""
+    length, cp = 11, 2
+    whole = {"h": torch.arange(11.0)[:, None], "logits": torch.arange(10.0)[:, None], "n": 3}
+    sample = {"tokens": torch.arange(length)}
+    total = {k: torch.zeros_like(whole[k]) for k in ("h", "logits")}
+    for r in range(cp):
+        part = C.share(whole, length, cp, r)
+        assert part["n"] == 3 and part["h"].shape[0] < length
+        a = C.split_micro_batch([sample], {"p": [part]}, cp, r, "s", shared=True)[1]["p"]
+        b = C.split_micro_batch([sample], {"p": [whole]}, cp, r, "s")[1]["p"]
+        for x, y in zip(a, b):
+            assert all(torch.equal(x[k], y[k]) for k in ("h", "logits"))
+        for k in total:
+            total[k] += C.unshare(torch.ones_like(part[k]), whole[k], length, cp, r)
+    # chunks [0, 3) [3, 6) [6, 9) [9, 11): every position once, the first token of each
+    # chunk but the first twice (it is also the previous chunk sample's overlap token, a
+    # query only, whose gradient is zero in a real run); predictions have no overlap
+    assert total["logits"].flatten().tolist() == [1.0] * 10
+    assert total["h"].flatten().tolist() == [1, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1]

@@ -314,10 +314,55 @@ def active(ctx: CPContext):
         _ACTIVE.pop()
 
 
-def split_micro_batch(samples, inputs, cp: int, index: int, where: str):
+def _vlen(bounds, c: int, length: int) -> int:
+    """Tokens of chunk ``c``'s chunk sample: the chunk and, before the end, one overlap."""
+    start, end = bounds[c]
+    return end - start + (1 if end < length else 0)
+
+
+def _share_rows(bounds, cp: int, index: int, length: int, full: int) -> list[tuple[int, int]]:
+    """``[(start, rows)]`` of CP rank ``index``'s two chunk samples in a per-sample tensor
+    of ``full`` rows (``length``: one per position; ``length - 1``: per prediction)."""
+    out = []
+    for c in rank_chunks(index, cp):
+        n = _vlen(bounds, c, length) - (0 if full == length else 1)
+        out.append((bounds[c][0], n))
+    return out
+
+
+def share(outputs: dict, length: int, cp: int, index: int) -> dict:
+    """What a producer sends CP rank ``index`` of a consumer about one sample of ``length``
+    tokens: each sequence tensor (first dimension ``length`` or ``length - 1``) cut to the
+    rows of the rank's two chunk samples, concatenated; other values whole."""
+    bounds = chunk_bounds(length, cp)
+    out = {}
+    for k, x in outputs.items():
+        if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] in (length, length - 1):
+            rows = _share_rows(bounds, cp, index, length, x.shape[0])
+            out[k] = torch.cat([x[s : s + n] for s, n in rows])
+        else:
+            out[k] = x
+    return out
+
+
+def unshare(grad: torch.Tensor, like: torch.Tensor, length: int, cp: int, index: int):
+    """The gradient of a whole output ``like`` from the gradient of the ``share`` CP rank
+    ``index`` received (zeros outside its rows; a whole tensor's gradient as it is)."""
+    if like.dim() == 0 or like.shape[0] not in (length, length - 1):
+        return grad  # sent whole
+    full = torch.zeros_like(like)
+    off = 0
+    for s, n in _share_rows(chunk_bounds(length, cp), cp, index, length, like.shape[0]):
+        full[s : s + n] += grad[off : off + n]
+        off += n
+    return full
+
+
+def split_micro_batch(samples, inputs, cp: int, index: int, where: str, shared: bool = False):
     """``(chunk samples, chunk inputs, rows)`` of a micro-batch for CP rank ``index``:
     two chunk samples per sample (see the module docstring) and every rank's rows
-    (``CPContext.rows``)."""
+    (``CPContext.rows``). ``shared``: the inputs are already this rank's ``share`` (as the
+    executor sends them), else whole."""
     vs: list = []
     vin: dict[str, list] = {p: [] for p in inputs}
     rows: list[list[tuple[int, int]]] = [[] for _ in range(cp)]
@@ -332,16 +377,32 @@ def split_micro_batch(samples, inputs, cp: int, index: int, where: str):
         for r in range(cp):
             for c in rank_chunks(r, cp):
                 rows[r].append((bounds[c][0], bounds[c][1] - bounds[c][0]))
-        for c in rank_chunks(index, cp):
-            start, end = bounds[c]
-            vlen = end - start + (1 if end < length else 0)
+        mine = rank_chunks(index, cp)
+        for j, c in enumerate(mine):
+            start = bounds[c][0]
+            vlen = _vlen(bounds, c, length)
             vs.append({k: _cut(x, length, start, vlen) for k, x in s.items()})
             for p, col in inputs.items():
                 o = col[i]
-                vin[p].append(
-                    None if o is None else {k: _cut(x, length, start, vlen) for k, x in o.items()}
-                )
+                if o is None:
+                    vin[p].append(None)
+                elif shared:
+                    vin[p].append({k: _cut_share(x, bounds, mine, length, j) for k, x in o.items()})
+                else:
+                    vin[p].append({k: _cut(x, length, start, vlen) for k, x in o.items()})
     return vs, vin, rows
+
+
+def _cut_share(x, bounds, mine, length: int, j: int):
+    """Chunk sample ``j``'s (0: head, 1: tail) rows of a received ``share``."""
+    if not isinstance(x, torch.Tensor) or x.dim() == 0:
+        return x
+    vh, vt = (_vlen(bounds, c, length) for c in mine)
+    if x.shape[0] == vh + vt:
+        return x[:vh] if j == 0 else x[vh:]
+    if x.shape[0] == vh + vt - 2:
+        return x[: vh - 1] if j == 0 else x[vh - 1 :]
+    return x
 
 
 def merge_outputs(outs, samples, cp: int, index: int, group, where: str) -> list[dict]:
@@ -414,13 +475,14 @@ def _gather_sequence(key, pieces, bounds, length, cp, index, group, where) -> to
     return torch.cat(parts)
 
 
-def cp_forward(forward, cp: int, index: int, group, where: str):
+def cp_forward(forward, cp: int, index: int, group, where: str, shared: bool = False):
     """Wrap a section forward ``forward(module, samples, inputs)`` for CP rank ``index``:
-    split, run under ring attention, merge (module docstring). Raises ``ValueError`` naming
-    ``where`` when the forward calls no ``scaled_dot_product_attention``."""
+    split, run under ring attention, merge (module docstring). ``shared``: the inputs are
+    this rank's ``share`` of the producers' outputs. Raises ``ValueError`` naming ``where``
+    when the forward calls no ``scaled_dot_product_attention``."""
 
     def run(module, samples: Sequence, inputs):
-        vs, vin, rows = split_micro_batch(samples, inputs, cp, index, where)
+        vs, vin, rows = split_micro_batch(samples, inputs, cp, index, where, shared)
         ctx = CPContext(group=group, cp=cp, index=index, rows=rows, where=where)
         with active(ctx):
             outs = forward(module, vs, vin)

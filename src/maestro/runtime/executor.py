@@ -147,20 +147,15 @@ def _grads_of(received: Outputs) -> Outputs:
     }
 
 
-def _sum_received_grads(received: list[tuple[str, int, Outputs]], group) -> None:
-    """SUM the gradients of the received tensors over ``group`` (one flat all-reduce),
-    written back as their ``.grad``."""
-    ts = [t for _, _, got in received for t in got.values() if t.requires_grad]
-    if not ts:
-        return
-    flat = torch.cat(
-        [(t.grad if t.grad is not None else torch.zeros_like(t)).reshape(-1) for t in ts]
-    )
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-    off = 0
-    for t in ts:
-        t.grad = flat[off : off + t.numel()].view_as(t).clone()
-        off += t.numel()
+def _token_lengths(batch) -> dict[int, int | None]:
+    """``sample id -> sequence length`` (``input_ids``/``tokens``; ``None`` without)."""
+    from maestro.job import TOKEN_KEYS
+
+    out: dict[int, int | None] = {}
+    for s in batch:
+        t = next((s[k] for k in TOKEN_KEYS if isinstance(s.get(k), torch.Tensor)), None)
+        out[s["id"]] = int(t.shape[0]) if t is not None and t.dim() >= 1 else None
+    return out
 
 
 class MaestroWorker(WorkerCheckpoints):
@@ -195,7 +190,8 @@ class MaestroWorker(WorkerCheckpoints):
         #: the TP leader of a replica (of its last stage under ``pp``) sends its outputs
         self.leader = lay.leader(self.replica) == rank
         #: the TP leader of the replica's first stage sends the gradients of its inputs
-        self.sends_input_grads = lay.input_grad_leader(self.replica) == rank
+        #: (with ``cp``, every CP rank's: each sends its own share's)
+        self.sends_input_grads = lay.stage_ranks(self.replica, 0, lay.cp_index(rank))[0] == rank
         #: this rank's pipeline stage (``pp > 1``: ``maestro.parallel.pipeline.Stage``)
         self.stage = None
         self.stage_index = lay.stage_of(rank)
@@ -309,6 +305,7 @@ class MaestroWorker(WorkerCheckpoints):
                 lay.cp_index(rank),
                 self.cp_group,
                 f"sections.{self.name}",
+                shared=True,
             )
             if self.mesh is not None:
                 self.cp_grad_group = self.cp_group
@@ -383,6 +380,8 @@ class MaestroWorker(WorkerCheckpoints):
         self.last_ids: list[int] = []
         self.last_skipped = False
         self._batch_checked = False
+        #: ``sample id -> tokens`` of the batch being run (what a CP consumer's shares cut)
+        self._lengths: dict[int, int | None] = {}
         #: ``(batch fingerprint, schedule)`` of the last step
         self._schedule_cache: tuple[int, Schedule] | None = None
 
@@ -584,13 +583,21 @@ class MaestroWorker(WorkerCheckpoints):
     def _send_outputs(self, consumers, ids, outs, active, schedule, tag, step) -> None:
         """Send a micro-batch's per-sample outputs to every consumer rank that needs them: one
         coalesced message per destination (the leader of a TP group sends; training and eval
-        alike)."""
+        alike). A consumer rank of a CP group gets its ``maestro.parallel.cp.share`` of each
+        sequence only."""
         for c in consumers if self.leader else ():
             by_dst: dict[int, list[tuple[int, Outputs]]] = {}
+            lay = self.layouts[c]
             for sid, o in zip(ids, outs):
                 if c in active[sid]:
                     for dst in self._ranks_of(c, schedule, sid):
-                        by_dst.setdefault(dst, []).append((sid, o))
+                        if lay.cp > 1 and self._lengths.get(sid) is not None:
+                            from maestro.parallel.cp import share
+
+                            item = share(o, self._lengths[sid], lay.cp, lay.cp_index(dst))
+                        else:
+                            item = o
+                        by_dst.setdefault(dst, []).append((sid, item))
             for dst, items in by_dst.items():
                 self.transport.send(dst, tag, items, step)
 
@@ -623,6 +630,7 @@ class MaestroWorker(WorkerCheckpoints):
         with self.tracer.span("batch + schedule", "schedule"):
             # every rank builds the same batch and schedule: no coordination needed
             batch = batch_to(self.workload.batch(step), self.device)
+            self._lengths = _token_lengths(batch)
             fp = batch_fingerprint(batch)
             if not self._batch_checked:
                 # once per run, a collective check: a diverging pipeline is an error, not a hang
@@ -752,7 +760,7 @@ class MaestroWorker(WorkerCheckpoints):
             for c in grad_from:
                 if c in active[sid]:
                     with self.tracer.span(f"recv grad {c}", "wait", mb=k):
-                        g = self.transport.get(self._grad_src(c, schedule, sid), tag_grad, sid)
+                        g = self._receive_grads(c, schedule, sid, o, tag_grad)
                     for key, gt in g.items():
                         if o[key].requires_grad:  # not a frozen group member's output
                             tensors.append(o[key])
@@ -765,6 +773,23 @@ class MaestroWorker(WorkerCheckpoints):
                         tensors.append(t)
                         grads.append(torch.zeros_like(t))
         return tensors, grads
+
+    def _receive_grads(self, c: str, schedule: Schedule, sid: int, o: Outputs, tag: int):
+        """Consumer ``c``'s gradients of output ``o`` (sample ``sid``); from a CP consumer,
+        the sum of every CP rank's share (``maestro.parallel.cp.unshare``)."""
+        lay = self.layouts[c]
+        if lay.cp == 1 or self._lengths.get(sid) is None:
+            return self.transport.get(self._grad_src(c, schedule, sid), tag, sid)
+        from maestro.parallel.cp import unshare
+
+        rep, n = schedule.replica_of(c, sid), self._lengths[sid]
+        out: Outputs = {}
+        for i in range(lay.cp):
+            part = self.transport.get(lay.stage_ranks(rep, 0, i)[0], tag, sid)
+            for key, gt in part.items():
+                full = unshare(gt, o[key], n, lay.cp, i)
+                out[key] = full if key not in out else out[key] + full
+        return out
 
     def _step_tail(self, step: int, sink: bool, loss_total: float) -> float:
         """After a step's micro-batches: flush, the non-finite guard, the gradient sums and
@@ -839,6 +864,7 @@ class MaestroWorker(WorkerCheckpoints):
                 vstep = ev.EVAL_STEP_BASE + b
                 with tr.span("eval batch + schedule", "schedule"):
                     batch = batch_to(batch, self.device)
+                    self._lengths = _token_lengths(batch)
                     fp = batch_fingerprint(batch)
                     if not getattr(self, "_eval_checked", False):
                         try:
@@ -922,10 +948,6 @@ class MaestroWorker(WorkerCheckpoints):
     def _send_input_grads(
         self, received: list[tuple[str, int, Outputs]], schedule: Schedule, tag: int, step: int
     ) -> None:
-        if self.cp_group is not None and received:
-            # each CP rank holds the gradients of its share of the sequence: sum them
-            with self.tracer.span("sum input grads (cp)", "comm"):
-                _sum_received_grads(received, self.cp_group)
         if not self.sends_input_grads:  # TP peers hold the same (all-reduced) input gradients
             return
         by_dst: dict[int, list[tuple[int, Outputs]]] = {}
