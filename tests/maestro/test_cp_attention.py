@@ -43,8 +43,8 @@ def _local(full, rows, length):
     return out
 
 
-def _check(rank, causal, lengths):
-    cp, h, d = 2, 2, 4
+def _check(rank, causal, lengths, cp):
+    h, d = 2, 4
     g = torch.Generator().manual_seed(7)
     q, k, v, w = (
         [torch.randn(h, t, d, generator=g, dtype=torch.float64) for t in lengths] for _ in range(4)
@@ -54,7 +54,9 @@ def _check(rank, causal, lengths):
     # the chunk samples' lengths, as a forward right-pads them (overlap token included)
     length = max(x["tokens"].numel() for x in vs)
     ql, kl, vl = (_local(x, rows[rank], length).requires_grad_() for x in (q, k, v))
-    ctx = C.CPContext(group=dist.group.WORLD, cp=cp, index=rank, rows=rows, where="sections.x")
+    ctx = C.CPContext(
+        group=dist.group.WORLD, cp=cp, index=rank, rows=rows, where="sections.x", ranks=[*range(cp)]
+    )
     with C.active(ctx):
         out = F.scaled_dot_product_attention(ql, kl, vl, is_causal=causal)
     assert ctx.calls == 1
@@ -92,14 +94,15 @@ def _check(rank, causal, lengths):
         torch.testing.assert_close(got, torch.cat(want), rtol=1e-10, atol=1e-12)
 
 
-def _worker(rank, port, errors):
+def _worker(rank, world, tile, port, errors):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    C.TILE = tile  # small tiles: a block's queries in several pieces
     try:
         for causal in (True, False):
-            for lengths in ((8, 12), (9, 4, 13)):
-                _check(rank, causal, lengths)
+            for lengths in ((8, 12), (9, 4, 13)) if world == 2 else ((17, 8), (11,)):
+                _check(rank, causal, lengths, world)
     except BaseException:
         errors.put(f"rank {rank}: {traceback.format_exc()}")
         raise
@@ -108,13 +111,17 @@ def _worker(rank, port, errors):
 
 
 @pytest.mark.dist
-def test_ring_attention_equals_sdpa_on_two_gloo_ranks():
+@pytest.mark.parametrize("world, tile", [(2, 1024), (4, 5)])
+def test_ring_attention_equals_sdpa_on_gloo_ranks(world, tile):
+    """cp = 2 (one hop each way) and cp = 4 (a ring of 4, query tiles of 5 rows)."""
     from maestro.runtime.launch import free_port
 
     ctx = mp.get_context("spawn")
     errors = ctx.SimpleQueue()
     try:
-        mp.start_processes(_worker, args=(free_port(), errors), nprocs=2, start_method="spawn")
+        mp.start_processes(
+            _worker, args=(world, tile, free_port(), errors), nprocs=world, start_method="spawn"
+        )
     except mp.ProcessRaisedException:
         pass
     msgs = []

@@ -31,9 +31,14 @@ raises ``NotImplementedError: Operator aten._scaled_dot_product_flash_attention_
 does not have a sharding strategy registered``; it also needs the sequence as a DTensor
 buffer of the whole model's inputs, which a compound section's forward does not expose. The
 attention here is plain tensor math (matmuls, ``logsumexp``), the same code on CUDA/NCCL and
-CPU/gloo. K/V blocks are exchanged with ``all_gather`` and their gradients returned with one
-``all_reduce`` (gloo has no ``reduce_scatter``); each rank then attends block by block, merged
-by log-sum-exp, so at most one ``(queries x block)`` score matrix is live at a time.
+CPU/gloo. The keys and values travel a ring of point-to-point ``isend``/``irecv`` on the CP
+group (which gloo and NCCL both have; gloo has no ``reduce_scatter``, the collective an
+all-gather design would return gradients with), so a rank holds its own block and the one in
+flight, never the whole sequence's; in the backward the blocks travel again with their
+gradient accumulators, which arrive home after ``cp`` hops. Each block is attended in query
+tiles (``TILE`` rows) merged by log-sum-exp, so at most ``TILE x block`` scores are live.
+Only the sequence lengths of a call are exchanged with a (tiny) ``all_gather``: the forward
+pads its chunk samples its own way and the ring needs equal shapes.
 """
 
 from __future__ import annotations
@@ -105,6 +110,7 @@ class CPContext:
         rows: per CP rank, per chunk-sample row of its batch: ``(start, num_keys)``, the
             row's first global position and its real (non-overlap) tokens.
         where: the config table, for errors.
+        ranks: the group's global ranks in CP order (the ring).
     """
 
     group: object
@@ -112,6 +118,8 @@ class CPContext:
     index: int
     rows: list[list[tuple[int, int]]]
     where: str
+    #: the group's global ranks, in CP order (the ring's order)
+    ranks: list[int] = field(default_factory=list)
     calls: int = 0
     #: set by the first SDPA call: why CP cannot run this forward (raised after it)
     refusal: str | None = None
@@ -217,23 +225,37 @@ def _from_samples(x: torch.Tensor, n: int) -> torch.Tensor:
     return x.view(s, h, 2, n, d).transpose(1, 2).reshape(2 * s, h, n, d)
 
 
-def _gather_blocks(x: torch.Tensor, ctx: CPContext) -> tuple[torch.Tensor, list[int]]:
-    """Every CP rank's ``x`` (``(B, H, L_r, D)``), padded to the longest ``L``:
-    ``((cp, B, H, L_max, D), [L_r])``."""
+#: query rows per tile: a block's scores are at most ``TILE x keys`` at a time
+TILE = 1024
+
+
+def _exchange(tensors: list[torch.Tensor], ctx: CPContext) -> list[torch.Tensor]:
+    """Send ``tensors`` to the next rank of the ring, receive the previous rank's (same
+    shapes): point-to-point on the CP group, all posted before any is waited for."""
+    nxt = ctx.ranks[(ctx.index + 1) % ctx.cp]
+    prv = ctx.ranks[(ctx.index - 1) % ctx.cp]
+    tensors = [t.contiguous() for t in tensors]
+    got = [torch.empty_like(t, memory_format=torch.contiguous_format) for t in tensors]
+    reqs = [dist.isend(t, nxt, group=ctx.group) for t in tensors]
+    reqs += [dist.irecv(g, prv, group=ctx.group) for g in got]
+    for r in reqs:
+        r.wait()
+    return got
+
+
+def _common_length(x: torch.Tensor, ctx: CPContext) -> tuple[torch.Tensor, list[int]]:
+    """``x`` (``(B, H, L, D)``) right-padded to the longest ``L`` of the group, and every
+    rank's ``L`` (the forward pads its chunk samples its own way)."""
     n = torch.tensor([x.shape[2]], device=x.device)
     ns = [torch.zeros_like(n) for _ in range(ctx.cp)]
     dist.all_gather(ns, n, group=ctx.group)
     lens = [int(t) for t in ns]
-    m = max(lens)
-    xp = F.pad(x, (0, 0, 0, m - x.shape[2])).contiguous()
-    out = [torch.empty_like(xp) for _ in range(ctx.cp)]
-    dist.all_gather(out, xp, group=ctx.group)
-    return torch.stack(out), lens
+    return F.pad(x, (0, 0, 0, max(lens) - x.shape[2])).contiguous(), lens
 
 
 def _mask(ctx: CPContext, rank: int, qpos, m: int, causal: bool, device) -> torch.Tensor:
-    """``(S, 1, 2Lq, 2m)``: which of rank ``rank``'s keys (rows padded to ``m``) each query
-    (global positions ``qpos``, ``(S, 2Lq)``) sees."""
+    """``(S, 1, Q, 2m)``: which of rank ``rank``'s keys (rows padded to ``m``) each query
+    (global positions ``qpos``, ``(S, Q)``) sees."""
     kpos, is_key = ctx.row_positions(rank, m, device)
     kpos, is_key = kpos.reshape(-1, 2 * m), is_key.reshape(-1, 2 * m)  # (S, 2m)
     mask = is_key[:, None, :].expand(-1, qpos.shape[1], -1)
@@ -242,60 +264,77 @@ def _mask(ctx: CPContext, rank: int, qpos, m: int, causal: bool, device) -> torc
     return mask[:, None]
 
 
+def _tiles(num: int):
+    return [slice(a, min(a + TILE, num)) for a in range(0, num, TILE)]
+
+
 class _RingAttention(torch.autograd.Function):
+    """Forward: the keys and values travel the ring (``cp - 1`` hops), each rank attending to
+    each block as it passes, merged by log-sum-exp. Backward: they travel again with their
+    gradient accumulators, which arrive home after ``cp`` hops. Each rank keeps only its own
+    keys and values, and at most ``TILE x block`` scores at a time."""
+
     @staticmethod
     def forward(fctx, q, k, v, ctx: CPContext, causal: bool, scale: float):
         n = q.shape[2]
-        ks, lens = _gather_blocks(k, ctx)
-        vs, _ = _gather_blocks(v, ctx)
-        m = ks.shape[3]
+        kp, lens = _common_length(k, ctx)
+        vp, _ = _common_length(v, ctx)
+        m = kp.shape[2]
         qs = _to_samples(q)  # (S, H, 2n, D)
         qpos = ctx.row_positions(ctx.index, n, q.device)[0].reshape(-1, 2 * n)
         out = torch.zeros_like(qs)
         lse = torch.full(qs.shape[:-1] + (1,), float("-inf"), dtype=q.dtype, device=q.device)
-        for r in range(ctx.cp):
-            kr, vr = _to_samples(ks[r]), _to_samples(vs[r])  # (S, H, 2m, D)
-            mask = _mask(ctx, r, qpos, m, causal, q.device)
-            s = (qs @ kr.transpose(-1, -2)) * scale
-            s = s.masked_fill(~mask, float("-inf"))
-            lse_r = torch.logsumexp(s, dim=-1, keepdim=True)
-            p = torch.exp(s - _finite(lse_r))
-            o_r = p @ vr
-            new = torch.logaddexp(lse, lse_r)
-            safe = _finite(new)
-            out = torch.exp(lse - safe) * out + torch.exp(lse_r - safe) * o_r
-            lse = new
-        fctx.save_for_backward(qs, ks, vs, out, lse)
+        cur = [kp, vp]
+        for step in range(ctx.cp):
+            src = (ctx.index - step) % ctx.cp
+            kr, vr = _to_samples(cur[0]), _to_samples(cur[1])  # (S, H, 2m, D)
+            for t in _tiles(2 * n):
+                mask = _mask(ctx, src, qpos[:, t], m, causal, q.device)
+                sc = (qs[:, :, t] @ kr.transpose(-1, -2)) * scale
+                sc = sc.masked_fill(~mask, float("-inf"))
+                lse_r = torch.logsumexp(sc, dim=-1, keepdim=True)
+                o_r = torch.exp(sc - _finite(lse_r)) @ vr
+                new = torch.logaddexp(lse[:, :, t], lse_r)
+                safe = _finite(new)
+                out[:, :, t] = (
+                    torch.exp(lse[:, :, t] - safe) * out[:, :, t] + torch.exp(lse_r - safe) * o_r
+                )
+                lse[:, :, t] = new
+            if step < ctx.cp - 1:
+                cur = _exchange(cur, ctx)
+        fctx.save_for_backward(qs, kp, vp, out, lse)
         fctx.ctx, fctx.causal, fctx.scale, fctx.n, fctx.lens = ctx, causal, scale, n, lens
         return _from_samples(out, n)
 
     @staticmethod
     def backward(fctx, grad):
-        qs, ks, vs, out, lse = fctx.saved_tensors
+        qs, kp, vp, out, lse = fctx.saved_tensors
         ctx, causal, scale, n = fctx.ctx, fctx.causal, fctx.scale, fctx.n
-        m = ks.shape[3]
+        m = kp.shape[2]
         do = _to_samples(grad.contiguous())
         qpos = ctx.row_positions(ctx.index, n, qs.device)[0].reshape(-1, 2 * n)
         delta = (do * out).sum(-1, keepdim=True)
         dq = torch.zeros_like(qs)
-        dks, dvs = torch.zeros_like(ks), torch.zeros_like(vs)
-        for r in range(ctx.cp):
-            kr, vr = _to_samples(ks[r]), _to_samples(vs[r])
-            mask = _mask(ctx, r, qpos, m, causal, qs.device)
-            s = (qs @ kr.transpose(-1, -2)) * scale
-            p = torch.exp(s - _finite(lse)).masked_fill(~mask, 0.0)
-            dp = do @ vr.transpose(-1, -2)
-            ds = p * (dp - delta) * scale
-            dq = dq + ds @ kr
-            dks[r] = _from_samples(ds.transpose(-1, -2) @ qs, m)
-            dvs[r] = _from_samples(p.transpose(-1, -2) @ do, m)
-        # the keys' and values' gradients go home: every rank's contributions summed
-        both = torch.stack([dks, dvs])
-        dist.all_reduce(both, op=dist.ReduceOp.SUM, group=ctx.group)
+        # the block and its gradient accumulators travel together
+        cur = [kp, vp, torch.zeros_like(kp), torch.zeros_like(vp)]
+        for step in range(ctx.cp):
+            src = (ctx.index - step) % ctx.cp
+            kr, vr = _to_samples(cur[0]), _to_samples(cur[1])
+            dk, dv = torch.zeros_like(kr), torch.zeros_like(vr)
+            for t in _tiles(2 * n):
+                mask = _mask(ctx, src, qpos[:, t], m, causal, qs.device)
+                sc = (qs[:, :, t] @ kr.transpose(-1, -2)) * scale
+                p = torch.exp(sc - _finite(lse[:, :, t])).masked_fill(~mask, 0.0)
+                ds = p * (do[:, :, t] @ vr.transpose(-1, -2) - delta[:, :, t]) * scale
+                dq[:, :, t] += ds @ kr
+                dk += ds.transpose(-1, -2) @ qs[:, :, t]
+                dv += p.transpose(-1, -2) @ do[:, :, t]
+            cur[2] = cur[2] + _from_samples(dk, m)
+            cur[3] = cur[3] + _from_samples(dv, m)
+            # cp hops bring the accumulators home; the last one needs no keys or values
+            cur = _exchange(cur, ctx) if step < ctx.cp - 1 else cur[:2] + _exchange(cur[2:], ctx)
         own = fctx.lens[ctx.index]
-        dk = both[0, ctx.index][:, :, :own]
-        dv = both[1, ctx.index][:, :, :own]
-        return _from_samples(dq, n), dk, dv, None, None, None
+        return _from_samples(dq, n), cur[2][:, :, :own], cur[3][:, :, :own], None, None, None
 
 
 def _finite(x: torch.Tensor) -> torch.Tensor:
@@ -475,15 +514,25 @@ def _gather_sequence(key, pieces, bounds, length, cp, index, group, where) -> to
     return torch.cat(parts)
 
 
-def cp_forward(forward, cp: int, index: int, group, where: str, shared: bool = False):
+def cp_forward(
+    forward,
+    cp: int,
+    index: int,
+    group,
+    where: str,
+    shared: bool = False,
+    ranks: Sequence[int] | None = None,
+):
     """Wrap a section forward ``forward(module, samples, inputs)`` for CP rank ``index``:
     split, run under ring attention, merge (module docstring). ``shared``: the inputs are
-    this rank's ``share`` of the producers' outputs. Raises ``ValueError`` naming ``where``
-    when the forward calls no ``scaled_dot_product_attention``."""
+    this rank's ``share`` of the producers' outputs; ``ranks``: the CP group's global ranks
+    in CP order (default ``0 .. cp - 1``). Raises ``ValueError`` naming ``where`` when the
+    forward calls no ``scaled_dot_product_attention``."""
+    ring = list(ranks) if ranks is not None else list(range(cp))
 
     def run(module, samples: Sequence, inputs):
         vs, vin, rows = split_micro_batch(samples, inputs, cp, index, where, shared)
-        ctx = CPContext(group=group, cp=cp, index=index, rows=rows, where=where)
+        ctx = CPContext(group=group, cp=cp, index=index, rows=rows, where=where, ranks=ring)
         with active(ctx):
             outs = forward(module, vs, vin)
         if ctx.calls == 0:

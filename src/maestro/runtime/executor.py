@@ -306,6 +306,7 @@ class MaestroWorker(WorkerCheckpoints):
                 self.cp_group,
                 f"sections.{self.name}",
                 shared=True,
+                ranks=lay.cp_peers(rank),
             )
             if self.mesh is not None:
                 self.cp_grad_group = self.cp_group
