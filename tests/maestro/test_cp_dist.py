@@ -145,3 +145,14 @@ def kd_data(tmp_path_factory):
     from test_hf_dist import make_data
 
     return make_data("hf_kd", tmp_path_factory.mktemp("kd") / "train.jsonl", 24, 64, 4, 20, seed=3)
+
+
+def test_a_forward_cp_cannot_split_is_refused_in_one_line(tmp_path):
+    """The user-blocks job runs its student once per sample: refused before any update, one
+    line naming the section."""
+    import test_user_blocks as U
+
+    cfg = C.load(U.write_job(tmp_path, "", "cp = 2", "classes", "{}"))
+    with pytest.raises(ValueError, match=r"^sections\.student\.cp") as e:
+        launch(cfg, opts=RunOptions(progress=False), timeout_s=120)
+    assert "\n" not in str(e.value)

@@ -332,7 +332,10 @@ class _RingAttention(torch.autograd.Function):
             cur[2] = cur[2] + _from_samples(dk, m)
             cur[3] = cur[3] + _from_samples(dv, m)
             # cp hops bring the accumulators home; the last one needs no keys or values
-            cur = _exchange(cur, ctx) if step < ctx.cp - 1 else cur[:2] + _exchange(cur[2:], ctx)
+            if step < ctx.cp - 1:
+                cur = _exchange(cur, ctx)
+            elif ctx.cp > 1:
+                cur = cur[:2] + _exchange(cur[2:], ctx)
         own = fctx.lens[ctx.index]
         return _from_samples(dq, n), cur[2][:, :, :own], cur[3][:, :, :own], None, None, None
 
