@@ -72,6 +72,8 @@ CASES = {
     # the student's sequences split over 2 ranks inside each of 2 FSDP replicas; the teacher's
     # whole logits are cut per share and their padding micro-batches run on both CP ranks
     "kd-student_cp2xfsdp2": ("", "cp = 2\nfsdp = 2", "wavefront"),
+    # recompute: the blocks' forwards run again in the backward, ring attention included
+    "kd-student_cp2_recompute": ("", "cp = 2\nrecompute = true", "fifo"),
     # both split; the student's 2 CP ranks per each of 2 plain replicas
     "kd-teacher_cp2-student_dp2xcp2": ("cp = 2", "dp = 2\ncp = 2", "fifo"),
     # CP groups of TP groups: the student's heads split over 2 ranks, its sequence over 2

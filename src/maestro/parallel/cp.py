@@ -400,6 +400,23 @@ def unshare(grad: torch.Tensor, like: torch.Tensor, length: int, cp: int, index:
     return full
 
 
+def keep_context(fn):
+    """``fn`` bound to the CP context active now (``fn`` itself outside CP): a block that
+    ``torch.utils.checkpoint`` recomputes in the backward runs ring attention again, under
+    the same context, on every CP rank in the same order."""
+    if not _ACTIVE:
+        return fn
+    ctx = _ACTIVE[-1]
+
+    def run(*args, **kwargs):
+        if _ACTIVE and _ACTIVE[-1] is ctx:
+            return fn(*args, **kwargs)
+        with active(ctx):
+            return fn(*args, **kwargs)
+
+    return run
+
+
 def split_micro_batch(samples, inputs, cp: int, index: int, where: str, shared: bool = False):
     """``(chunk samples, chunk inputs, rows)`` of a micro-batch for CP rank ``index``:
     two chunk samples per sample (see the module docstring) and every rank's rows
