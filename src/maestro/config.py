@@ -114,7 +114,7 @@ class SectionConfig:
     ``r``-th and the ``r``-th from the end), and the section's
     ``scaled_dot_product_attention`` calls run as ring attention over them
     (``maestro.parallel.cp``); gradients are summed over the group. Every sample needs at
-    least ``2 * cp`` tokens. Not with ``pp``, ``zero`` or ``group``."""
+    least ``2 * cp`` tokens. Not with ``zero`` or ``group``."""
     reshard_after_forward: bool = True
     """FSDP only: free each block's gathered parameters after its forward (gather again for
     the backward). ``false`` keeps them until the backward: less communication, more memory."""
@@ -248,7 +248,6 @@ class SectionConfig:
             raise ValueError(f"{where}.recompute: a frozen section keeps no activations")
         if self.cp > 1:
             for f, bad in (
-                ("pp", self.pp > 1),
                 ("zero", bool(self.zero)),
                 ("group", self.group is not None),
             ):

@@ -210,7 +210,10 @@ def test_config_cp_counts_ranks_and_refuses_what_it_cannot_compose():
         cfg.check_world_size(4)
     for bad, match in (
         ("cp = 0", r"sections\.student\.cp must be an integer >= 1, got 0"),
-        ("cp = 2\npp = 2", r"sections\.student\.cp: context parallelism does not compose with pp"),
+        (
+            'cp = 2\ngroup = "g"',
+            r"sections\.student\.cp: context parallelism does not compose with group",
+        ),
         ("cp = 2\ndp = 2\nzero = 1", r"sections\.student\.cp: .* with zero"),
     ):
         with pytest.raises(ValueError, match=match):

@@ -76,6 +76,8 @@ CASES = {
     "kd-student_cp2_recompute": ("", "cp = 2\nrecompute = true", "fifo"),
     # both split; the student's 2 CP ranks per each of 2 plain replicas
     "kd-teacher_cp2-student_dp2xcp2": ("cp = 2", "dp = 2\ncp = 2", "fifo"),
+    # each CP rank's pipeline: the teacher forward-only over 2 stages, the student 1F1B
+    "kd-teacher_pp2xcp2-student_pp2xcp2": ("pp = 2\ncp = 2", "pp = 2\ncp = 2", "fifo"),
     # CP groups of TP groups: the student's heads split over 2 ranks, its sequence over 2
     "kd-teacher_cp2xtp2-student_cp2xtp2": ("cp = 2\ntp = 2", "cp = 2\ntp = 2", "fifo"),
 }
@@ -85,6 +87,8 @@ CASES = {
 def test_cp_equals_reference(tmp_path, case):
     teacher, student, scheduler = CASES[case]
     text = KD.format(teacher=teacher, student=student, scheduler=scheduler)
+    if "pp2" in case:  # a block per stage
+        text = text.replace("teacher_layers = 1", "teacher_layers = 2")
     _run_and_compare(tmp_path, text, ["student"])
 
 
@@ -114,7 +118,8 @@ def _resume_across(tmp_path, first: str, second: str, trained):
 
 
 def test_cp_checkpoint_resumes_under_cp1_and_back(tmp_path):
-    """A checkpoint is whole per section: student cp=2 x fsdp=2 -> cp=1, and cp=1 -> cp=2."""
+    """A checkpoint is whole per section: student cp=2 x fsdp=2 -> cp=1, cp=1 -> cp=2, and
+    pp=2 x cp=2 -> cp=2."""
     kd = KD.replace("{scheduler}", "fifo")
     _resume_across(
         tmp_path / "a",
@@ -125,6 +130,13 @@ def test_cp_checkpoint_resumes_under_cp1_and_back(tmp_path):
     _resume_across(
         tmp_path / "b",
         kd.format(teacher="", student="dp = 2"),
+        kd.format(teacher="", student="cp = 2"),
+        ["student"],
+    )
+    # a pipelined CP section writes one whole file too (its stages gathered once)
+    _resume_across(
+        tmp_path / "c",
+        kd.format(teacher="", student="pp = 2\ncp = 2"),
         kd.format(teacher="", student="cp = 2"),
         ["student"],
     )

@@ -563,6 +563,12 @@ def cp_forward(
             )
         if len(outs) != len(vs):
             raise ValueError(f"{where}.cp: the forward returned {len(outs)} outputs for {len(vs)}")
+        from maestro.parallel.pipeline import HIDDEN
+
+        if outs and HIDDEN in outs[0]:
+            # a pipeline stage before the last: its hidden state (this rank's chunk samples'
+            # rows) goes to the same CP rank of the next stage as it is
+            return [outs[0]] + [{} for _ in samples[1:]]
         return merge_outputs(outs, samples, cp, index, group, where)
 
     return run

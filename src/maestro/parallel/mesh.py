@@ -160,15 +160,21 @@ class SectionLayout:
         return list(self.ranks[i::per])
 
     def stage_layout(self, stage: int) -> SectionLayout:
-        """The ``(dp, fsdp, tp)`` layout of one pipeline stage's ranks (all replicas)."""
-        assert self.cp == 1, "pipeline stages with cp are not supported"
-        ranks = [r for rep in range(self.num_replicas) for r in self.stage_ranks(rep, stage)]
-        return SectionLayout(self.name, tuple(ranks), self.dp, self.fsdp, self.tp)
+        """The ``(dp, fsdp, tp)`` layout (``(dp, fsdp, cp, tp)`` with ``cp``) of one pipeline
+        stage's ranks (all replicas)."""
+        ranks = [
+            r
+            for rep in range(self.num_replicas)
+            for c in range(self.cp)
+            for r in self.stage_ranks(rep, stage, c)
+        ]
+        return SectionLayout(self.name, tuple(ranks), self.dp, self.fsdp, self.tp, 1, self.cp)
 
-    def pipeline_ranks(self, replica: int, tp_index: int) -> list[int]:
-        """One rank per stage of ``replica`` at TP index ``tp_index``, in stage order: the
-        group that sums the stages' shared (non-block) gradients."""
-        return [self.stage_ranks(replica, s)[tp_index] for s in range(self.pp)]
+    def pipeline_ranks(self, replica: int, tp_index: int, cp_index: int = 0) -> list[int]:
+        """One rank per stage of ``replica`` at TP index ``tp_index`` (and CP index
+        ``cp_index``), in stage order: the group that sums the stages' shared (non-block)
+        gradients."""
+        return [self.stage_ranks(replica, s, cp_index)[tp_index] for s in range(self.pp)]
 
     def grid(self) -> list[list[list[int]]]:
         """The ranks as nested ``[dp][fsdp][tp]`` lists (``[dp][fsdp][cp][tp]`` with ``cp``;

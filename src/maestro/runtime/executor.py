@@ -243,7 +243,7 @@ class MaestroWorker(WorkerCheckpoints):
                 g = dist.new_group(self.layout[spec.name])
                 if spec.name == self.name:
                     self.group = g
-            if sl.cp > 1 and not sl.sharded:
+            if sl.cp > 1 and (not sl.sharded or sl.pp > 1):
                 for ranks in sl.cp_groups():
                     g = dist.new_group(ranks)
                     if spec.name == self.name and rank in ranks:
