@@ -170,3 +170,32 @@ def test_a_forward_cp_cannot_split_is_refused_in_one_line(tmp_path):
     with pytest.raises(ValueError, match=r"^sections\.student\.cp") as e:
         launch(cfg, opts=RunOptions(progress=False), timeout_s=120)
     assert "\n" not in str(e.value)
+
+
+def test_hf_kd_eval_under_cp_equals_eval_without(tmp_path, kd_data):
+    """``[eval]``: the held-out loss of a teacher cp=2 / student cp=2 run equals the same
+    run's at cp=1 (forward only, whole-sequence sums over the CP group)."""
+    from test_hf_dist import EXAMPLES
+    from test_hf_dist import KD as HF_KD
+
+    base = HF_KD.format(dtype="float64", examples=EXAMPLES, data=kd_data, student_dp=1)
+    base += f'[eval]\ndata = "{kd_data}"\nevery = 3\nbatches = 2\n'
+    split = base.replace("frozen = true", "frozen = true\ncp = 2").replace(
+        'optimizer = "AdamW"', 'optimizer = "AdamW"\ncp = 2'
+    )
+    got = [
+        launch(C.loads(text), opts=RunOptions(progress=False), timeout_s=240)["eval"]
+        for text in (split, base)
+    ]
+    assert [r["step"] for r in got[0]] == [3]
+    a, b = got[0][0]["eval/loss"], got[1][0]["eval/loss"]
+    assert abs(a - b) <= 1e-10 * abs(b), (a, b)
+
+
+def test_bf16_cp_runs_close_to_reference():
+    """``dtype = "bfloat16"``: ring attention under autocast stays within bf16 rounding."""
+    text = KD.format(teacher="cp = 2", student="cp = 2", scheduler="fifo")
+    cfg = C.loads(text.replace('dtype = "float64"', 'dtype = "bfloat16"'))
+    res = launch(cfg, opts=RunOptions(progress=False), timeout_s=300)
+    _, losses = reference_train(cfg)
+    torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(losses), rtol=3e-2, atol=0)
