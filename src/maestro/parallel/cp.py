@@ -120,9 +120,8 @@ class CPContext:
     where: str
     #: the group's global ranks, in CP order (the ring's order)
     ranks: list[int] = field(default_factory=list)
+    #: SDPA calls seen so far (a forward with none is refused)
     calls: int = 0
-    #: set by the first SDPA call: why CP cannot run this forward (raised after it)
-    refusal: str | None = None
     _pos: dict = field(default_factory=dict)
 
     def row_positions(self, rank: int, length: int, device) -> tuple[torch.Tensor, torch.Tensor]:

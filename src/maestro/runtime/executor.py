@@ -14,10 +14,14 @@ Per step, on every rank (deadlock-free for any schedule that assigns every activ
    gradients further back).
 3. Gradients are summed inside the section's DP group and the section's optimizer steps.
 
-Parallel strategies (``maestro.parallel``): a section's ranks form a ``dp x fsdp x tp`` mesh.
-The schedule's replicas are its ``dp * fsdp`` data-parallel coordinates; every rank of a
-replica's TP group gets the replica's inputs (the producer replica's TP leader sends to each)
-and only the TP leader sends outputs and input gradients on. FSDP collectives need every rank
+Parallel strategies (``maestro.parallel``): a section's ranks form a ``dp x fsdp x tp`` mesh
+(``dp x fsdp x cp x tp`` with context parallelism). The schedule's replicas are its
+``dp * fsdp`` data-parallel coordinates; every rank of a replica's TP group gets the replica's
+inputs (the producer replica's TP leader sends to each) and only the TP leader sends outputs
+and input gradients on. A CP group (``maestro.parallel.cp``) shares a replica's samples, each
+rank a share of every sequence: a producer sends each CP rank only its share, each CP rank
+sends its share's input gradients back (the producer sums them), a CP section's outputs are
+gathered whole before its leader sends them, and its gradients are summed over the group. FSDP collectives need every rank
 of a shard group (one FSDP mesh row: ``fsdp`` consecutive replicas, ``SectionLayout.
 shard_group``, the simulator's ``timeline.shard_groups``) to run the same forwards and
 backwards, so a replica with fewer micro-batches than the busiest of *its own shard group*
