@@ -21,13 +21,13 @@ inputs (the producer replica's TP leader sends to each) and only the TP leader s
 and input gradients on. A CP group (``maestro.parallel.cp``) shares a replica's samples, each
 rank a share of every sequence: a producer sends each CP rank only its share, each CP rank
 sends its share's input gradients back (the producer sums them), a CP section's outputs are
-gathered whole before its leader sends them, and its gradients are summed over the group. FSDP collectives need every rank
-of a shard group (one FSDP mesh row: ``fsdp`` consecutive replicas, ``SectionLayout.
-shard_group``, the simulator's ``timeline.shard_groups``) to run the same forwards and
-backwards, so a replica with fewer micro-batches than the busiest of *its own shard group*
-runs zero-contribution padding micro-batches (``_pad_micro_batch``); shard groups do not wait
-for each other, and HSDP sums gradients across them once per step, in the step's tail
-(``maestro.parallel.apply``). ``lock_replicas`` is the group a replica pads with.
+gathered whole before its leader sends them, and its gradients are summed over the group.
+FSDP collectives need every rank of a shard group (one FSDP mesh row: ``fsdp`` consecutive
+replicas, ``SectionLayout.shard_group``, the simulator's ``timeline.shard_groups``) to run the
+same forwards and backwards, so a replica with fewer micro-batches than the busiest of *its
+own shard group* runs zero-contribution padding micro-batches (``_pad_micro_batch``); shard
+groups do not wait for each other, and HSDP sums gradients across them once per step, in the
+step's tail (``maestro.parallel.apply``). ``lock_replicas`` is the group a replica pads with.
 
 Colocated groups (``[sections.NAME] group``, ``maestro.runtime.colocated``): the executor
 runs the *unit graph*, in which a group is one virtual section on the group's ranks; its
