@@ -254,3 +254,21 @@ def test_share_gives_each_rank_its_rows_and_unshare_returns_them():
     # query only, whose gradient is zero in a real run); predictions have no overlap
     assert total["logits"].flatten().tolist() == [1.0] * 10
     assert total["h"].flatten().tolist() == [1, 1, 1, 2, 1, 1, 2, 1, 1, 2, 1]
+
+
+def test_mllm_split_cuts_the_interleaved_sequence_through_an_image():
+    from maestro.workloads import mllm
+
+    sample = {"tokens": torch.arange(10, 16), "image_pos": 2, "image": torch.zeros(3, 2)}
+    inputs = {"vision": {"embeds": torch.arange(3.0)[:, None]}}
+    assert mllm._fused_length(sample, inputs) == 9  # text 10 11 | image 0 1 2 | text 12 .. 15
+    # positions 0 .. 3 (chunk [0, 3) and its overlap): two text tokens, two image rows
+    cs, cin = mllm._fused_cut(sample, inputs, 0, 4)
+    assert cs["tokens"].tolist() == [10, 11] and cs["image_pos"] == 2
+    assert cin["vision"]["embeds"].flatten().tolist() == [0.0, 1.0]
+    # positions 4 .. 6: the image's last row first, then text
+    cs, cin = mllm._fused_cut(sample, inputs, 4, 7)
+    assert cs["tokens"].tolist() == [12, 13] and cs["image_pos"] == 0
+    assert cin["vision"]["embeds"].flatten().tolist() == [2.0]
+    cs, cin = mllm._fused_cut(sample, {"vision": None}, 1, 3)  # a text-only sample
+    assert cs["tokens"].tolist() == [11, 12] and cin == {"vision": None}

@@ -199,3 +199,12 @@ def test_bf16_cp_runs_close_to_reference():
     res = launch(cfg, opts=RunOptions(progress=False), timeout_s=300)
     _, losses = reference_train(cfg)
     torch.testing.assert_close(torch.tensor(res["losses"]), torch.tensor(losses), rtol=3e-2, atol=0)
+
+
+def test_mllm_llm_cp2_beside_vision_dp2_equals_reference(tmp_path):
+    """The LLM splits its interleaved text-and-image sequence over 2 ranks (its
+    ``SequenceSplit``: an image's tokens may straddle two chunks) while the vision encoder runs
+    whole images on 2 plain replicas; text-only samples skip the encoder."""
+    from test_parallel_dist import MLLM
+
+    _run_and_compare(tmp_path, MLLM.format(vision="dp = 2", llm="cp = 2"), ["vision", "llm"])

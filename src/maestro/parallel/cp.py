@@ -389,8 +389,8 @@ def share(outputs: dict, length: int, cp: int, index: int) -> dict:
 def unshare(grad: torch.Tensor, like: torch.Tensor, length: int, cp: int, index: int):
     """The gradient of a whole output ``like`` from the gradient of the ``share`` CP rank
     ``index`` received (zeros outside its rows; a whole tensor's gradient as it is)."""
-    if like.dim() == 0 or like.shape[0] not in (length, length - 1):
-        return grad  # sent whole
+    if like.dim() == 0 or like.shape[0] not in (length, length - 1) or grad.shape == like.shape:
+        return grad  # sent whole (a share is always shorter: 2 cp <= length)
     full = torch.zeros_like(like)
     off = 0
     for s, n in _share_rows(chunk_bounds(length, cp), cp, index, length, like.shape[0]):
@@ -416,16 +416,44 @@ def keep_context(fn):
     return run
 
 
-def split_micro_batch(samples, inputs, cp: int, index: int, where: str, shared: bool = False):
+@dataclass(frozen=True)
+class SequenceSplit:
+    """How to cut a sample whose attention sequence its section's forward assembles itself
+    (``Section(cp_split=...)``), e.g. an LLM that splices an image's tokens into the text.
+
+    Args:
+        length: ``length(sample, inputs) -> int``: the sequence the forward attends over
+            (``inputs``: ``producer -> outputs or None`` of this sample, whole).
+        cut: ``cut(sample, inputs, start, end) -> (chunk sample, chunk inputs)``: a sample and
+            inputs on which the forward builds exactly positions ``start .. end - 1`` of that
+            sequence (predicting each next element as it does for the whole one).
+
+    The producers of such a section send it whole outputs (no ``share``).
+    """
+
+    length: object
+    cut: object
+
+
+def split_micro_batch(
+    samples,
+    inputs,
+    cp: int,
+    index: int,
+    where: str,
+    shared: bool = False,
+    split: SequenceSplit | None = None,
+):
     """``(chunk samples, chunk inputs, rows)`` of a micro-batch for CP rank ``index``:
     two chunk samples per sample (see the module docstring) and every rank's rows
     (``CPContext.rows``). ``shared``: the inputs are already this rank's ``share`` (as the
-    executor sends them), else whole."""
+    executor sends them), else whole. ``split``: the section's own ``SequenceSplit``."""
     vs: list = []
     vin: dict[str, list] = {p: [] for p in inputs}
     rows: list[list[tuple[int, int]]] = [[] for _ in range(cp)]
     for i, s in enumerate(samples):
-        length = sequence_length(s, where)
+        mine_in = {p: col[i] for p, col in inputs.items()}
+        length = sequence_length(s, where) if split is None else split.length(s, mine_in)
         if length < 2 * cp:
             raise ValueError(
                 f"{where}.cp = {cp}: a sample has {length} tokens, fewer than 2 x cp = "
@@ -439,6 +467,12 @@ def split_micro_batch(samples, inputs, cp: int, index: int, where: str, shared: 
         for j, c in enumerate(mine):
             start = bounds[c][0]
             vlen = _vlen(bounds, c, length)
+            if split is not None:
+                cs, cin = split.cut(s, mine_in, start, start + vlen)
+                vs.append(cs)
+                for p in inputs:
+                    vin[p].append(cin.get(p))
+                continue
             vs.append({k: _cut(x, length, start, vlen) for k, x in s.items()})
             for p, col in inputs.items():
                 o = col[i]
@@ -541,16 +575,18 @@ def cp_forward(
     where: str,
     shared: bool = False,
     ranks: Sequence[int] | None = None,
+    split: SequenceSplit | None = None,
 ):
     """Wrap a section forward ``forward(module, samples, inputs)`` for CP rank ``index``:
     split, run under ring attention, merge (module docstring). ``shared``: the inputs are
     this rank's ``share`` of the producers' outputs; ``ranks``: the CP group's global ranks
-    in CP order (default ``0 .. cp - 1``). Raises ``ValueError`` naming ``where`` when the
-    forward calls no ``scaled_dot_product_attention``."""
+    in CP order (default ``0 .. cp - 1``); ``split``: the section's ``SequenceSplit`` (its
+    inputs arrive whole). Raises ``ValueError`` naming ``where`` when the forward calls no
+    ``scaled_dot_product_attention``."""
     ring = list(ranks) if ranks is not None else list(range(cp))
 
     def run(module, samples: Sequence, inputs):
-        vs, vin, rows = split_micro_batch(samples, inputs, cp, index, where, shared)
+        vs, vin, rows = split_micro_batch(samples, inputs, cp, index, where, shared, split)
         ctx = CPContext(group=group, cp=cp, index=index, rows=rows, where=where, ranks=ring)
         with active(ctx):
             outs = forward(module, vs, vin)

@@ -309,8 +309,9 @@ class MaestroWorker(WorkerCheckpoints):
                 lay.cp_index(rank),
                 self.cp_group,
                 f"sections.{self.name}",
-                shared=True,
+                shared=self.section.cp_split is None,
                 ranks=lay.cp_peers(rank),
+                split=self.section.cp_split,
             )
             if self.mesh is not None:
                 self.cp_grad_group = self.cp_group
@@ -593,10 +594,12 @@ class MaestroWorker(WorkerCheckpoints):
         for c in consumers if self.leader else ():
             by_dst: dict[int, list[tuple[int, Outputs]]] = {}
             lay = self.layouts[c]
+            # a consumer that assembles its own sequence (``cp_split``) gets whole outputs
+            shares = lay.cp > 1 and getattr(self.graph[c], "cp_split", None) is None
             for sid, o in zip(ids, outs):
                 if c in active[sid]:
                     for dst in self._ranks_of(c, schedule, sid):
-                        if lay.cp > 1 and self._lengths.get(sid) is not None:
+                        if shares and self._lengths.get(sid) is not None:
                             from maestro.parallel.cp import share
 
                             item = share(o, self._lengths[sid], lay.cp, lay.cp_index(dst))
@@ -783,16 +786,16 @@ class MaestroWorker(WorkerCheckpoints):
         """Consumer ``c``'s gradients of output ``o`` (sample ``sid``); from a CP consumer,
         the sum of every CP rank's share (``maestro.parallel.cp.unshare``)."""
         lay = self.layouts[c]
-        if lay.cp == 1 or self._lengths.get(sid) is None:
+        if lay.cp == 1:
             return self.transport.get(self._grad_src(c, schedule, sid), tag, sid)
         from maestro.parallel.cp import unshare
 
-        rep, n = schedule.replica_of(c, sid), self._lengths[sid]
+        rep, n = schedule.replica_of(c, sid), self._lengths.get(sid)
         out: Outputs = {}
         for i in range(lay.cp):
             part = self.transport.get(lay.stage_ranks(rep, 0, i)[0], tag, sid)
             for key, gt in part.items():
-                full = unshare(gt, o[key], n, lay.cp, i)
+                full = gt if n is None else unshare(gt, o[key], n, lay.cp, i)
                 out[key] = full if key not in out else out[key] + full
         return out
 
