@@ -390,6 +390,30 @@ class MaestroWorker(WorkerCheckpoints):
         self._lengths: dict[int, int | None] = {}
         #: ``(batch fingerprint, schedule)`` of the last step
         self._schedule_cache: tuple[int, Schedule] | None = None
+        if lay.cp > 1 and lay.pp == 1:
+            self._probe_cp()
+
+    def _probe_cp(self) -> None:
+        """Refuse at start-up, in one line, a CP section whose attention cannot be split (no
+        SDPA call, a mask, a forward that runs samples one by one, a sequence shorter than
+        ``2 * cp``): one forward of the first batch's first sample for this section, its
+        producers' inputs absent (as for a padding micro-batch), in ``eval()`` mode and without
+        gradients, on every rank of the section (its collectives stay in step). A pipelined
+        section's first step is its probe (a later stage needs the earlier one's output)."""
+        sec = self.section
+        batch = batch_to(self.workload.batch(0), self.device)
+        sample = next((s for s in batch if sec.activated(s)), None)
+        if sample is None:
+            return
+        module = sec.module
+        training = [m.training for m in module.modules()]
+        module.eval()
+        try:
+            with torch.inference_mode() if sec.frozen else torch.no_grad():
+                sec.run([sample], {p: [None] for p in sec.inputs})
+        finally:
+            for m, t in zip(module.modules(), training):
+                m.training = t
 
     def _group_comms(self, unit: str, device_type: str) -> dict:
         """A colocated group's process groups, created by every rank in the same order:
