@@ -211,3 +211,24 @@ def test_mllm_llm_cp2_beside_vision_dp2_equals_reference(tmp_path):
     from test_parallel_dist import MLLM
 
     _run_and_compare(tmp_path, MLLM.format(vision="dp = 2", llm="cp = 2"), ["vision", "llm"])
+
+
+def test_hf_mllm_llm_cp2_equals_plain_loop(tmp_path, mllm_data):
+    """The Hugging Face MLLM example (a ViT tower, a Llama with GQA over ``inputs_embeds``):
+    its LLM at cp = 2 (image placeholders cut with their embedding rows) beside the vision
+    tower at dp = 1: 3 ranks."""
+    from test_hf_dist import EXAMPLES, check, plain_mllm_loop
+    from test_hf_dist import MLLM as HF_MLLM
+
+    text = HF_MLLM.format(dtype="float64", examples=EXAMPLES, data=mllm_data)
+    cfg = C.loads(text.replace("[sections.llm]\ndp = 2", "[sections.llm]\ndp = 1\ncp = 2"))
+    assert cfg.sections["llm"].cp == 2
+    res = launch(cfg, 3, RunOptions(save_dir=str(tmp_path), progress=False), timeout_s=240)
+    check(cfg, res, tmp_path, plain_mllm_loop, 1e-10)
+
+
+@pytest.fixture(scope="module")
+def mllm_data(tmp_path_factory):
+    from test_hf_dist import make_data
+
+    return make_data("hf_mllm", tmp_path_factory.mktemp("mllm"), 24, 64, 0.4, 4, 20, 24)
