@@ -208,8 +208,14 @@ def _sdpa(
 def ring_attention(q, k, v, ctx: CPContext, causal: bool, scale: float) -> torch.Tensor:
     """Attention of this rank's rows ``q, k, v`` (``(B, H, L, D)``; rows ``2i, 2i + 1`` are
     sample ``i``'s head and tail chunk) against every CP rank's keys and values, equal to the
-    whole sequence's attention at this rank's positions (``ctx.rows``)."""
-    return _RingAttention.apply(q, k, v, ctx, causal, scale)
+    whole sequence's attention at this rank's positions (``ctx.rows``). Low-precision inputs
+    (bf16, fp16) are computed in float32, outside autocast: the log-sum-exp merge of blocks
+    needs it; the result is cast back."""
+    dtype = q.dtype
+    acc = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    with torch.autocast(q.device.type, enabled=False):
+        out = _RingAttention.apply(q.to(acc), k.to(acc), v.to(acc), ctx, causal, scale)
+    return out.to(dtype)
 
 
 def _to_samples(x: torch.Tensor) -> torch.Tensor:
@@ -307,6 +313,11 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(fctx, grad):
+        with torch.autocast(grad.device.type, enabled=False):
+            return _RingAttention._backward(fctx, grad)
+
+    @staticmethod
+    def _backward(fctx, grad):
         qs, kp, vp, out, lse = fctx.saved_tensors
         ctx, causal, scale, n = fctx.ctx, fctx.causal, fctx.scale, fctx.n
         m = kp.shape[2]
