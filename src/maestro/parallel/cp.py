@@ -24,7 +24,13 @@ Outputs are made whole again: a per-sample scalar (a sink's loss) is the sum ove
 samples and over the CP group (its value is the whole sample's, its gradient this rank's
 share); a tensor of the chunk sample's length (or one less) on dim 0 is gathered over the
 group into the whole sequence's (``T`` or ``T - 1`` rows), gradients flowing to this rank's
-rows. Parameter gradients are summed over the CP group by the executor.
+rows (every CP rank then holds the whole output: a known cost for a long-sequence producer
+with wide per-token outputs, e.g. a teacher's full logits; ``top_k`` bounds it). Parameter
+gradients are summed over the CP group by the executor, and a producer sends each CP rank of
+a consumer only its ``share`` of every sequence (``unshare`` sums the ranks' gradients back).
+A forward that assembles the sequence it attends over itself (text with an image's tokens
+spliced in) declares how to cut it instead: ``Section(cp_split=SequenceSplit(...))``; its
+producers send it whole outputs.
 
 Why not ``torch.distributed.tensor.experimental.context_parallel``: under torch 2.13 on CPU it
 raises ``NotImplementedError: Operator aten._scaled_dot_product_flash_attention_for_cpu.default
