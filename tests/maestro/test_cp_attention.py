@@ -272,3 +272,19 @@ def test_mllm_split_cuts_the_interleaved_sequence_through_an_image():
     assert cin["vision"]["embeds"].flatten().tolist() == [2.0]
     cs, cin = mllm._fused_cut(sample, {"vision": None}, 1, 3)  # a text-only sample
     assert cs["tokens"].tolist() == [11, 12] and cin == {"vision": None}
+
+
+def test_assemble_own_rows_and_unshare_rows_invert_each_other():
+    """A CP producer's pieces (per position and per prediction) assemble into the whole
+    tensor; each rank's ``own_rows`` of it is its piece; a consumer share's gradient is read
+    back to the whole shape without knowing it."""
+    length, cp = 13, 3
+    for full in (length, length - 1):
+        whole = torch.arange(float(full))[:, None]
+        pieces = [C.own_rows(whole, length, cp, r) for r in range(cp)]
+        assert torch.equal(C.assemble(pieces, length, cp), whole)
+        for j in range(cp):
+            part = C.share({"x": whole}, length, cp, j)["x"]
+            back = C.unshare_rows(part, length, cp, j)
+            assert back.shape == whole.shape
+            assert torch.equal(back, C.unshare(part, whole, length, cp, j))

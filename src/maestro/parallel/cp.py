@@ -20,14 +20,15 @@ forward is routed to ``ring_attention`` (``SDPAToRing``, a ``TorchFunctionMode``
 each row's global positions. Positions for the model's own position embeddings or rotary
 (``position_ids``) come from ``positions``.
 
-Outputs are made whole again: a per-sample scalar (a sink's loss) is the sum over the chunk
-samples and over the CP group (its value is the whole sample's, its gradient this rank's
-share); a tensor of the chunk sample's length (or one less) on dim 0 is gathered over the
-group into the whole sequence's (``T`` or ``T - 1`` rows), gradients flowing to this rank's
-rows (every CP rank then holds the whole output: a known cost for a long-sequence producer
-with wide per-token outputs, e.g. a teacher's full logits; ``top_k`` bounds it). Parameter
-gradients are summed over the CP group by the executor, and a producer sends each CP rank of
-a consumer only its ``share`` of every sequence (``unshare`` sums the ranks' gradients back).
+Outputs: a per-sample scalar (a sink's loss) is the sum over the chunk samples and over the
+CP group (its value is the whole sample's, its gradient this rank's share). A tensor of the
+chunk sample's length (or one less) on dim 0 stays this rank's *piece* (its two chunks' rows,
+``merge_outputs(gather=False)``): each CP rank of a producer sends its piece to the consumers,
+which ``assemble`` the whole sequence (``T`` or ``T - 1`` rows), and each keeps its own rows
+of the gradients that come back (``own_rows``), so no rank ever holds another's rows of a wide
+per-token output (a teacher's logits). Parameter gradients are summed over the CP group by
+the executor, and a producer sends each CP rank of a consumer only its ``share`` of every
+sequence (``unshare`` sums the ranks' gradients back).
 A forward that assembles the sequence it attends over itself (text with an image's tokens
 spliced in) declares how to cut it instead: ``Section(cp_split=SequenceSplit(...))``; its
 producers send it whole outputs.
@@ -452,6 +453,43 @@ class SequenceSplit:
     cut: object
 
 
+def assemble(pieces: Sequence[torch.Tensor], length: int, cp: int) -> torch.Tensor:
+    """A whole per-sample sequence tensor from every CP rank's piece (``pieces[r]``: rank
+    ``r``'s rows of its two chunks, as a CP producer sends them, ``merge_outputs(gather=
+    False)``): ``length`` rows per position, or one fewer (per prediction)."""
+    bounds = chunk_bounds(length, cp)
+    parts = []
+    for c in range(2 * cp):
+        r = c if c < cp else 2 * cp - 1 - c
+        head = bounds[r][1] - bounds[r][0]  # the first chunk is never the last: whole
+        parts.append(pieces[r][:head] if c == r else pieces[r][head:])
+    return torch.cat(parts)
+
+
+def own_rows(whole: torch.Tensor, length: int, cp: int, index: int) -> torch.Tensor:
+    """CP rank ``index``'s piece of a whole per-sample sequence tensor (``assemble``'s
+    inverse for one rank; e.g. the gradient a CP producer's rank keeps)."""
+    bounds = chunk_bounds(length, cp)
+    a, b = rank_chunks(index, cp)
+    full = whole.shape[0]
+    return torch.cat(
+        [whole[bounds[a][0] : bounds[a][1]], whole[bounds[b][0] : min(bounds[b][1], full)]]
+    )
+
+
+def unshare_rows(grad: torch.Tensor, length: int, cp: int, index: int) -> torch.Tensor:
+    """``unshare`` for a gradient whose whole shape is not known here (a CP producer holds
+    only its own rows): its kind (per position or per prediction) read off its row count;
+    any other tensor is returned as it is (it was sent whole)."""
+    bounds = chunk_bounds(length, cp)
+    per_pos = sum(n for _, n in _share_rows(bounds, cp, index, length, length))
+    if grad.dim() == 0 or grad.shape[0] not in (per_pos, per_pos - 2):
+        return grad
+    full = length if grad.shape[0] == per_pos else length - 1
+    like = grad.new_zeros((full, *grad.shape[1:]))
+    return unshare(grad, like, length, cp, index)
+
+
 def split_micro_batch(
     samples,
     inputs,
@@ -514,8 +552,12 @@ def _cut_share(x, bounds, mine, length: int, j: int):
     return x
 
 
-def merge_outputs(outs, samples, cp: int, index: int, group, where: str) -> list[dict]:
-    """Whole per-sample outputs from this rank's chunk outputs (see the module docstring)."""
+def merge_outputs(
+    outs, samples, cp: int, index: int, group, where: str, gather: bool = True
+) -> list[dict]:
+    """Whole per-sample outputs from this rank's chunk outputs (see the module docstring).
+    ``gather=False``: a sequence tensor stays this rank's piece (its two chunks' rows, for
+    ``assemble`` at the consumer); scalars are still summed over the group."""
     scalars: list[tuple[int, str, torch.Tensor]] = []
     merged: list[dict] = []
     for i, s in enumerate(samples):
@@ -528,10 +570,12 @@ def merge_outputs(outs, samples, cp: int, index: int, group, where: str) -> list
                 out[key] = x
             elif x.dim() == 0:
                 scalars.append((i, key, x + b[key]))
-            else:
+            elif gather:
                 out[key] = _gather_sequence(
                     key, (x, b[key]), bounds, length, cp, index, group, where
                 )
+            else:
+                out[key] = _own_piece(key, (x, b[key]), bounds, length, cp, index, where)
         merged.append(out)
     if scalars:
         local = torch.stack([x for _, _, x in scalars])
@@ -542,6 +586,17 @@ def merge_outputs(outs, samples, cp: int, index: int, group, where: str) -> list
         for j, (i, key, _) in enumerate(scalars):
             merged[i][key] = whole[j]
     return merged
+
+
+def _own_piece(key, pieces, bounds, length, cp, index, where) -> torch.Tensor:
+    """This rank's rows of one per-sample sequence output (its two chunks, in order)."""
+    own = rank_chunks(index, cp)
+    vlen = _vlen(bounds, own[0], length)
+    if pieces[0].shape[0] not in (vlen, vlen - 1):
+        _gather_sequence(key, pieces, bounds, length, cp, index, None, where)  # its error
+    full = length if pieces[0].shape[0] == vlen else length - 1
+    rows = [max(min(bounds[c][1], full) - bounds[c][0], 0) for c in own]
+    return torch.cat([p[:n] for p, n in zip(pieces, rows)])
 
 
 def _gather_sequence(key, pieces, bounds, length, cp, index, group, where) -> torch.Tensor:
@@ -593,13 +648,15 @@ def cp_forward(
     shared: bool = False,
     ranks: Sequence[int] | None = None,
     split: SequenceSplit | None = None,
+    gather: bool = True,
 ):
     """Wrap a section forward ``forward(module, samples, inputs)`` for CP rank ``index``:
     split, run under ring attention, merge (module docstring). ``shared``: the inputs are
     this rank's ``share`` of the producers' outputs; ``ranks``: the CP group's global ranks
     in CP order (default ``0 .. cp - 1``); ``split``: the section's ``SequenceSplit`` (its
     inputs arrive whole). Raises ``ValueError`` naming ``where`` when the forward calls no
-    ``scaled_dot_product_attention``."""
+    ``scaled_dot_product_attention``. ``gather=False``: sequence outputs stay this rank's
+    pieces (``merge_outputs``)."""
     ring = list(ranks) if ranks is not None else list(range(cp))
 
     def run(module, samples: Sequence, inputs):
@@ -621,6 +678,6 @@ def cp_forward(
             # a pipeline stage before the last: its hidden state (this rank's chunk samples'
             # rows) goes to the same CP rank of the next stage as it is
             return [outs[0]] + [{} for _ in samples[1:]]
-        return merge_outputs(outs, samples, cp, index, group, where)
+        return merge_outputs(outs, samples, cp, index, group, where, gather)
 
     return run

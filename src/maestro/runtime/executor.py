@@ -20,8 +20,9 @@ Parallel strategies (``maestro.parallel``): a section's ranks form a ``dp x fsdp
 inputs (the producer replica's TP leader sends to each) and only the TP leader sends outputs
 and input gradients on. A CP group (``maestro.parallel.cp``) shares a replica's samples, each
 rank a share of every sequence: a producer sends each CP rank only its share, each CP rank
-sends its share's input gradients back (the producer sums them), a CP section's outputs are
-gathered whole before its leader sends them, and its gradients are summed over the group.
+sends its share's input gradients back (the producer sums them), each rank of a CP producer
+sends its own rows of every sequence output (the consumer assembles them), and a CP
+section's gradients are summed over the group.
 FSDP collectives need every rank of a shard group (one FSDP mesh row: ``fsdp`` consecutive
 replicas, ``SectionLayout.shard_group``, the simulator's ``timeline.shard_groups``) to run the
 same forwards and backwards, so a replica with fewer micro-batches than the busiest of *its
@@ -300,6 +301,17 @@ class MaestroWorker(WorkerCheckpoints):
         #: (``maestro.parallel.cp``); a sharded section sums its gradients over the CP group
         #: in the step's tail (a plain one's flat sum already spans it)
         self.cp_grad_group = None
+        #: a CP producer's ranks each send their own rows of every sequence output
+        #: (``maestro.parallel.cp.assemble`` at the consumer): no gather over the group; a
+        #: section that cuts its own sequence (``cp_split``) gathers them whole instead
+        self.cp_pieces = (
+            lay.cp > 1 and not self.graph.is_sink(self.name) and self.section.cp_split is None
+        )
+        self.sends_outputs = (
+            lay.stage_ranks(self.replica, lay.pp - 1, lay.cp_index(rank))[0] == rank
+            if self.cp_pieces
+            else self.leader
+        )
         if lay.cp > 1:
             from maestro.parallel.cp import cp_forward
 
@@ -312,6 +324,7 @@ class MaestroWorker(WorkerCheckpoints):
                 shared=self.section.cp_split is None,
                 ranks=lay.cp_peers(rank),
                 split=self.section.cp_split,
+                gather=not self.cp_pieces,
             )
             if self.mesh is not None:
                 self.cp_grad_group = self.cp_group
@@ -615,11 +628,16 @@ class MaestroWorker(WorkerCheckpoints):
         coalesced message per destination (the leader of a TP group sends; training and eval
         alike). A consumer rank of a CP group gets its ``maestro.parallel.cp.share`` of each
         sequence only."""
-        for c in consumers if self.leader else ():
+        for c in consumers if self.sends_outputs else ():
             by_dst: dict[int, list[tuple[int, Outputs]]] = {}
             lay = self.layouts[c]
-            # a consumer that assembles its own sequence (``cp_split``) gets whole outputs
-            shares = lay.cp > 1 and getattr(self.graph[c], "cp_split", None) is None
+            # a consumer that assembles its own sequence (``cp_split``) gets whole outputs; a
+            # CP producer's rank sends its pieces (the consumer assembles and cuts them)
+            shares = (
+                lay.cp > 1
+                and getattr(self.graph[c], "cp_split", None) is None
+                and not self.cp_pieces
+            )
             for sid, o in zip(ids, outs):
                 if c in active[sid]:
                     for dst in self._ranks_of(c, schedule, sid):
@@ -772,7 +790,7 @@ class MaestroWorker(WorkerCheckpoints):
                     col.append(None)
                     continue
                 with self.tracer.span(f"recv {p}", "wait", mb=k):
-                    got = self.transport.get(self._rank_of(p, schedule, sid), tag, sid)
+                    got = self._receive_output(p, schedule, sid, tag)
                 if needs_grad:
                     for t in got.values():
                         if t.is_floating_point():
@@ -806,21 +824,61 @@ class MaestroWorker(WorkerCheckpoints):
                         grads.append(torch.zeros_like(t))
         return tensors, grads
 
+    def _receive_output(self, p: str, schedule: Schedule, sid: int, tag: int) -> Outputs:
+        """Producer ``p``'s outputs for sample ``sid`` as this rank's forward takes them: from
+        a CP producer, every rank's pieces assembled whole (``maestro.parallel.cp.assemble``),
+        then cut to this rank's share when it is a CP rank itself."""
+        lp = self.layouts[p]
+        rep = schedule.replica_of(p, sid)
+        pieces = getattr(self.graph[p], "cp_split", None) is None and lp.cp > 1
+        if not pieces or self.graph.is_sink(p):
+            return self.transport.get(self._rank_of(p, schedule, sid), tag, sid)
+        from maestro.parallel import cp as pcp
+
+        parts = [
+            self.transport.get(lp.stage_ranks(rep, lp.pp - 1, c)[0], tag, sid) for c in range(lp.cp)
+        ]
+        n = self._lengths[sid]
+        got = {
+            k: pcp.assemble([q[k] for q in parts], n, lp.cp)
+            if isinstance(v, torch.Tensor) and v.dim() >= 1
+            else v
+            for k, v in parts[0].items()
+        }
+        me = self.layouts[self.name]
+        if me.cp > 1 and self.section.cp_split is None:
+            got = pcp.share(got, n, me.cp, me.cp_index(self.rank))
+        return got
+
     def _receive_grads(self, c: str, schedule: Schedule, sid: int, o: Outputs, tag: int):
         """Consumer ``c``'s gradients of output ``o`` (sample ``sid``); from a CP consumer,
-        the sum of every CP rank's share (``maestro.parallel.cp.unshare``)."""
-        lay = self.layouts[c]
-        if lay.cp == 1:
-            return self.transport.get(self._grad_src(c, schedule, sid), tag, sid)
-        from maestro.parallel.cp import unshare
+        the sum of every CP rank's share (``maestro.parallel.cp.unshare``); on a CP
+        producer's rank, the rows of its own piece (``own_rows``)."""
+        from maestro.parallel import cp as pcp
 
-        rep, n = schedule.replica_of(c, sid), self._lengths.get(sid)
-        out: Outputs = {}
-        for i in range(lay.cp):
-            part = self.transport.get(lay.stage_ranks(rep, 0, i)[0], tag, sid)
-            for key, gt in part.items():
-                full = gt if n is None else unshare(gt, o[key], n, lay.cp, i)
-                out[key] = full if key not in out else out[key] + full
+        lay = self.layouts[c]
+        n = self._lengths.get(sid)
+        if lay.cp == 1:
+            out = self.transport.get(self._grad_src(c, schedule, sid), tag, sid)
+        else:
+            rep = schedule.replica_of(c, sid)
+            out = {}
+            for i in range(lay.cp):
+                part = self.transport.get(lay.stage_ranks(rep, 0, i)[0], tag, sid)
+                for key, gt in part.items():
+                    if n is None:
+                        full = gt
+                    elif self.cp_pieces:  # ``o`` holds this rank's rows only
+                        full = pcp.unshare_rows(gt, n, lay.cp, i)
+                    else:
+                        full = pcp.unshare(gt, o[key], n, lay.cp, i)
+                    out[key] = full if key not in out else out[key] + full
+        if self.cp_pieces and n is not None:
+            me = self.layouts[self.name]
+            out = {
+                k: g if g.shape == o[k].shape else pcp.own_rows(g, n, me.cp, me.cp_index(self.rank))
+                for k, g in out.items()
+            }
         return out
 
     def _step_tail(self, step: int, sink: bool, loss_total: float) -> float:
