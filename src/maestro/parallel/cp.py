@@ -588,32 +588,33 @@ def merge_outputs(
     return merged
 
 
+def _full_rows(key, pieces, bounds, length, cp, index, where) -> int:
+    """The whole sequence's rows of output ``key``: ``length`` (one per position) or
+    ``length - 1`` (next-token predictions), read off this rank's head chunk sample's;
+    ``ValueError`` for any other shape."""
+    vlen = _vlen(bounds, rank_chunks(index, cp)[0], length)
+    if pieces[0].shape[0] == vlen:
+        return length
+    if pieces[0].shape[0] == vlen - 1:
+        return length - 1
+    raise ValueError(
+        f"{where}.cp: output {key!r} has {pieces[0].shape[0]} rows for a chunk of "
+        f"{vlen} tokens; a CP section's per-sample outputs must be scalars or have one "
+        "row per token (or per predicted token)"
+    )
+
+
 def _own_piece(key, pieces, bounds, length, cp, index, where) -> torch.Tensor:
     """This rank's rows of one per-sample sequence output (its two chunks, in order)."""
-    own = rank_chunks(index, cp)
-    vlen = _vlen(bounds, own[0], length)
-    if pieces[0].shape[0] not in (vlen, vlen - 1):
-        _gather_sequence(key, pieces, bounds, length, cp, index, None, where)  # its error
-    full = length if pieces[0].shape[0] == vlen else length - 1
-    rows = [max(min(bounds[c][1], full) - bounds[c][0], 0) for c in own]
+    full = _full_rows(key, pieces, bounds, length, cp, index, where)
+    rows = [max(min(bounds[c][1], full) - bounds[c][0], 0) for c in rank_chunks(index, cp)]
     return torch.cat([p[:n] for p, n in zip(pieces, rows)])
 
 
 def _gather_sequence(key, pieces, bounds, length, cp, index, group, where) -> torch.Tensor:
     """One per-sample tensor made whole over the CP group (rows in global order)."""
     own = rank_chunks(index, cp)
-    chunk = bounds[own[0]]
-    vlen = chunk[1] - chunk[0] + (1 if chunk[1] < length else 0)
-    if pieces[0].shape[0] == vlen:
-        full = length  # one row per position
-    elif pieces[0].shape[0] == vlen - 1:
-        full = length - 1  # next-token predictions
-    else:
-        raise ValueError(
-            f"{where}.cp: output {key!r} has {pieces[0].shape[0]} rows for a chunk of "
-            f"{vlen} tokens; a CP section's per-sample outputs must be scalars or have one "
-            "row per token (or per predicted token)"
-        )
+    full = _full_rows(key, pieces, bounds, length, cp, index, where)
 
     def rows(c):
         s, e = bounds[c]
