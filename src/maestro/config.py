@@ -114,7 +114,8 @@ class SectionConfig:
     ``r``-th and the ``r``-th from the end), and the section's
     ``scaled_dot_product_attention`` calls run as ring attention over them
     (``maestro.parallel.cp``); gradients are summed over the group. Every sample needs at
-    least ``2 * cp`` tokens. Not with ``zero`` or ``group``."""
+    least ``2 * cp`` tokens. Not with ``group``; with ``zero``, ``dp > 1`` and ``tp = 1``
+    the optimizer state is sharded over the ``dp * cp`` ranks."""
     reshard_after_forward: bool = True
     """FSDP only: free each block's gathered parameters after its forward (gather again for
     the backward). ``false`` keeps them until the backward: less communication, more memory."""
@@ -247,10 +248,7 @@ class SectionConfig:
         if self.recompute and self.frozen:
             raise ValueError(f"{where}.recompute: a frozen section keeps no activations")
         if self.cp > 1:
-            for f, bad in (
-                ("zero", bool(self.zero)),
-                ("group", self.group is not None),
-            ):
+            for f, bad in (("group", self.group is not None),):
                 if bad:
                     raise ValueError(
                         f"{where}.cp: context parallelism does not compose with {f} yet "

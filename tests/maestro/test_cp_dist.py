@@ -78,6 +78,8 @@ CASES = {
     "kd-teacher_cp2-student_dp2xcp2": ("cp = 2", "dp = 2\ncp = 2", "fifo"),
     # each CP rank's pipeline: the teacher forward-only over 2 stages, the student 1F1B
     "kd-teacher_pp2xcp2-student_pp2xcp2": ("pp = 2\ncp = 2", "pp = 2\ncp = 2", "fifo"),
+    # ZeRO-1 over the 2 replicas x 2 CP ranks (the flat gradient-sum group)
+    "kd-student_dp2xcp2_zero1": ("", "dp = 2\ncp = 2\nzero = 1", "fifo"),
     # CP groups of TP groups: the student's heads split over 2 ranks, its sequence over 2
     "kd-teacher_cp2xtp2-student_cp2xtp2": ("cp = 2\ntp = 2", "cp = 2\ntp = 2", "fifo"),
 }
@@ -89,7 +91,11 @@ def test_cp_equals_reference(tmp_path, case):
     text = KD.format(teacher=teacher, student=student, scheduler=scheduler)
     if "pp2" in case:  # a block per stage
         text = text.replace("teacher_layers = 1", "teacher_layers = 2")
-    cfg, _ = _run_and_compare(tmp_path, text, ["student"])
+    cfg, res = _run_and_compare(tmp_path, text, ["student"])
+    if "zero1" in case:  # AdamW's two moments sharded over dp x cp = 4 ranks
+        n = sum(p.numel() * 8 for p in get_workload(cfg).build_module("student").parameters())
+        for m in [m for m in res["state_bytes"] if m["label"].startswith("student[")]:
+            assert abs(m["optimizer"] / (2 * n / 4) - 1) < 0.10, m
     # uneven lengths: most samples are not a multiple of 2 x cp tokens
     lengths = [s["tokens"].numel() for step in range(3) for s in get_workload(cfg).batch(step)]
     assert sum(n % 4 != 0 for n in lengths) > len(lengths) // 2, lengths

@@ -577,8 +577,9 @@ class MaestroWorker(WorkerCheckpoints):
         out = {}
         for m, module, opt, _ in self._member_states():
             msc = self.config.sections[m]
-            # ZeRO-1 shards the optimizer state over the section's dp replicas
-            zero = msc.dp if msc.zero else 1
+            # ZeRO-1 shards the optimizer state over the section's dp replicas (and, without
+            # a mesh, its CP ranks too: they share the flat gradient-sum group)
+            zero = msc.dp * (msc.cp if msc.tp == 1 and msc.dp > 1 else 1) if msc.zero else 1
             out[m] = predicted_state_bytes(
                 module.parameters(), opt, trainable=not msc.frozen, zero=zero
             )
