@@ -314,3 +314,25 @@ lr = 0.01
     torch.testing.assert_close(
         torch.tensor(res["losses"]), torch.tensor(losses), rtol=1e-10, atol=0
     )
+
+
+def test_sharded_checkpoint_of_cp_x_fsdp_resumes_without_cp(tmp_path):
+    """``--checkpoint-format sharded``: the CP ranks of a cp=2 x fsdp=2 student hold the same
+    shards; its DCP checkpoint resumes under fsdp=2 alone, exactly."""
+    kd = KD.replace("{scheduler}", "fifo")
+    d = tmp_path / "ckpt"
+    first = C.loads(
+        kd.format(teacher="", student="cp = 2\nfsdp = 2").replace("steps = 3", "steps = 2")
+    )
+    opts = {"checkpoint_dir": str(d), "checkpoint_format": "sharded", "progress": False}
+    launch(first, opts=RunOptions(checkpoint_every=2, **opts))
+    second = C.loads(kd.format(teacher="", student="fsdp = 2").replace("steps = 3", "steps = 4"))
+    out = tmp_path / "out"
+    res = launch(second, opts=RunOptions(resume=True, save_dir=str(out), **opts), timeout_s=300)
+    assert res["start_step"] == 2
+    graph, losses = reference_train(second)
+    err = _rel_err(torch.load(out / "student.pt"), graph["student"].module.state_dict())
+    assert err <= 1e-10, err
+    torch.testing.assert_close(
+        torch.tensor(res["losses"]), torch.tensor(losses), rtol=1e-10, atol=0
+    )
