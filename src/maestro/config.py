@@ -97,7 +97,7 @@ class SectionConfig:
     """Tensor-parallel degree (>= 1): this many ranks split every transformer block
     (attention heads and MLP columns, DTensor ``parallelize_module``) and share one
     micro-batch stream; heads and MLP width must divide by it. A section takes
-    ``dp * fsdp * pp * tp`` ranks."""
+    ``dp * fsdp * pp * cp * tp`` ranks (rank order dp x fsdp x pp x cp x tp, TP innermost)."""
     pp: int = 1
     """Pipeline stages per replica (>= 1): the section's blocks (``maestro.Parallelism``)
     are cut into ``pp`` contiguous stages on as many ranks (each stage a TP group of ``tp``
@@ -108,6 +108,14 @@ class SectionConfig:
     kept on every stage and their gradients summed over the stages. The section's forward
     must run its blocks once per micro-batch, in order, each taking and returning the hidden
     state. Not with ``group`` or ``zero``."""
+    cp: int = 1
+    """Context-parallel degree (>= 1): this many ranks share every sample of a replica, each
+    holding a load-balanced share of its token sequence (``2 * cp`` chunks, rank ``r`` the
+    ``r``-th and the ``r``-th from the end), and the section's
+    ``scaled_dot_product_attention`` calls run as ring attention over them
+    (``maestro.parallel.cp``); gradients are summed over the group. Every sample needs at
+    least ``2 * cp`` tokens. Not with ``group``; with ``zero``, ``dp > 1`` and ``tp = 1``
+    the optimizer state is sharded over the ``dp * cp`` ranks."""
     reshard_after_forward: bool = True
     """FSDP only: free each block's gathered parameters after its forward (gather again for
     the backward). ``false`` keeps them until the backward: less communication, more memory."""
@@ -138,8 +146,8 @@ class SectionConfig:
 
     @property
     def num_ranks(self) -> int:
-        """Ranks this section takes: ``dp * fsdp * pp * tp``."""
-        return self.dp * self.fsdp * self.pp * self.tp
+        """Ranks this section takes: ``dp * fsdp * pp * cp * tp``."""
+        return self.dp * self.fsdp * self.pp * self.cp * self.tp
 
     def validate(self, where: str) -> None:
         """Raise ``ValueError`` naming the first bad field (``where`` is the table path)."""
@@ -210,7 +218,7 @@ class SectionConfig:
                     f"{where}.max_in_flight bounds a frozen section's run-ahead; this section "
                     "is trainable (set frozen = true or remove the field)"
                 )
-        for f in ("fsdp", "tp", "pp"):
+        for f in ("fsdp", "tp", "pp", "cp"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{where}.{f} must be an integer >= 1, got {v!r}")
@@ -239,6 +247,13 @@ class SectionConfig:
             )
         if self.recompute and self.frozen:
             raise ValueError(f"{where}.recompute: a frozen section keeps no activations")
+        if self.cp > 1:
+            for f, bad in (("group", self.group is not None),):
+                if bad:
+                    raise ValueError(
+                        f"{where}.cp: context parallelism does not compose with {f} yet "
+                        f"(cp = {self.cp}); remove {f} or set cp = 1"
+                    )
         if self.group is not None and (not isinstance(self.group, str) or not self.group):
             raise ValueError(f"{where}.group must be a non-empty string, got {self.group!r}")
 
@@ -752,7 +767,7 @@ class TrainConfig:
 
     @property
     def world_size(self) -> int:
-        """Ranks a Maestro run needs: the sum over sections of ``dp * fsdp * tp`` (a colocated
+        """Ranks a Maestro run needs: the sum over sections of ``num_ranks`` (a colocated
         group counted once)."""
         return sum(self.sections[m[0]].num_ranks for m in self.units().values())
 
@@ -766,13 +781,17 @@ class TrainConfig:
                 what = "the sum of dp"
             else:
                 pp = any(sc.pp > 1 for sc in self.sections.values())
+                cp = any(sc.cp > 1 for sc in self.sections.values())
                 parts = ", ".join(
                     f"{n}=dp {sc.dp} x fsdp {sc.fsdp}"
                     + (f" x pp {sc.pp}" if pp else "")
+                    + (f" x cp {sc.cp}" if cp else "")
                     + f" x tp {sc.tp}"
                     for n, sc in self.sections.items()
                 )
-                what = "the sum of dp x fsdp" + (" x pp" if pp else "") + " x tp"
+                what = (
+                    "the sum of dp x fsdp" + (" x pp" if pp else "") + (" x cp" if cp else "")
+                ) + " x tp"
             if self.colocated:
                 what += " (a colocated group counted once)"
             raise ValueError(
@@ -834,7 +853,7 @@ class TrainConfig:
         return out
 
     def unit_layout(self) -> dict[str, list[int]]:
-        """``unit -> global ranks``: contiguous blocks of ``dp * fsdp * tp`` ranks in
+        """``unit -> global ranks``: contiguous blocks of ``num_ranks`` ranks in
         topological order (a colocated group's block shared by its members)."""
         layout, r = {}, 0
         for u, ms in self.units().items():
@@ -844,8 +863,9 @@ class TrainConfig:
         return layout
 
     def rank_layout(self) -> dict[str, list[int]]:
-        """``section -> global ranks``: contiguous blocks of ``dp * fsdp * tp`` ranks in
-        topological order (``maestro.parallel.mesh`` arranges a block as dp x fsdp x tp);
+        """``section -> global ranks``: contiguous blocks of ``num_ranks`` ranks in
+        topological order (``maestro.parallel.mesh`` arranges a block as dp x fsdp x pp x cp
+        x tp);
         the members of a colocated group share its block."""
         by_unit = self.unit_layout()
         return {n: by_unit[u] for u, ms in self.units().items() for n in ms}

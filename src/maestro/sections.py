@@ -72,6 +72,10 @@ class Section:
         parallel: how the module is parallelised (``maestro.Parallelism``: its blocks, for
             FSDP, recompute and TP; its TP plan or ``parallelize`` function); ``None``: the
             defaults of ``maestro.parallel.spec.find_blocks``.
+        cp_split: how context parallelism cuts a sample whose attention sequence the forward
+            builds itself (``maestro.parallel.cp.SequenceSplit``, e.g. text with an image's
+            tokens spliced in); ``None``: the sample's token tensors are cut (the default of
+            ``maestro.parallel.cp``).
     """
 
     def __init__(
@@ -85,6 +89,7 @@ class Section:
         forward: SectionForward | None = None,
         loss: Callable[[Outputs, Sample], torch.Tensor] | None = None,
         parallel: Any = None,
+        cp_split: Any = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"Section name must be a non-empty string, got {name!r}")
@@ -114,6 +119,7 @@ class Section:
         self._forward = forward or default_forward
         self._loss = loss
         self.parallel = parallel
+        self.cp_split = cp_split
         #: set by the job from the run's ``dtype``: bf16 autocast around the forward, and the
         #: dtype floating inputs are cast to (a bf16 frozen section's samples and inputs)
         self.autocast_dtype: torch.dtype | None = None
@@ -130,6 +136,7 @@ class Section:
             forward=self._forward,
             loss=self._loss,
             parallel=self.parallel,
+            cp_split=self.cp_split,
         )
         out.autocast_dtype, out.input_dtype = self.autocast_dtype, self.input_dtype
         return out

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from maestro.job import IGNORE_INDEX
+from maestro.parallel.cp import positions
 from maestro.sections import Outputs, Sample
 
 Forward = Callable[[nn.Module, Sequence[Sample], Mapping], list[Outputs]]
@@ -52,6 +53,12 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
 
 def _logits(module: nn.Module, samples: Sequence[Sample]) -> torch.Tensor:
     ids, mask = pad_right([s["input_ids"] for s in samples])
+    pos = positions(ids.shape[0], ids.shape[1], ids.device)
+    if pos is not None:
+        # context parallelism: rotary positions of this rank's share of each sequence; no
+        # padding mask (causal attention over right padding needs none, and ring attention
+        # masks the padded keys itself)
+        return module(input_ids=ids, position_ids=pos, use_cache=False).logits
     return module(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
 
 
@@ -214,7 +221,11 @@ def multimodal_lm_forward(placeholders: Mapping[str, int]) -> Forward:
             else:
                 tgts.append(ids.masked_fill(is_ph, IGNORE_INDEX)[1:])
         embeds, mask = pad_right(seqs)  # (B, T, D), (B, T)
-        logits = module(inputs_embeds=embeds, attention_mask=mask, use_cache=False).logits
+        pos = positions(embeds.shape[0], embeds.shape[1], embeds.device)
+        if pos is not None:  # context parallelism: see ``_logits``
+            logits = module(inputs_embeds=embeds, position_ids=pos, use_cache=False).logits
+        else:
+            logits = module(inputs_embeds=embeds, attention_mask=mask, use_cache=False).logits
         return [
             {
                 "loss": F.cross_entropy(
@@ -225,6 +236,37 @@ def multimodal_lm_forward(placeholders: Mapping[str, int]) -> Forward:
         ]
 
     return forward
+
+
+def multimodal_cp_split(placeholders: Mapping[str, int]):
+    """How context parallelism cuts a ``multimodal_lm_forward`` sample: its ``input_ids`` and
+    ``labels`` to the chunk, each producer's ``embeds`` to the rows of the chunk's
+    placeholder tokens (``maestro.parallel.cp.SequenceSplit``)."""
+    from maestro.parallel.cp import SequenceSplit
+
+    placeholders = dict(placeholders)
+
+    def length(sample, inputs):
+        return int(sample["input_ids"].shape[0])
+
+    def cut(sample, inputs, start, end):
+        ids = sample["input_ids"]
+        chunk = dict(sample)
+        for k in ("input_ids", "labels"):
+            if isinstance(sample.get(k), torch.Tensor):
+                chunk[k] = sample[k][start:end]
+        got = {}
+        for sec, token_id in placeholders.items():
+            o = inputs.get(sec)
+            if o is None:
+                continue
+            at = ids == token_id
+            a, b = int(at[:start].sum()), int(at[:end].sum())
+            if b > a:
+                got[sec] = {**o, "embeds": o["embeds"][a:b]}
+        return chunk, {p: got.get(p) for p in inputs}
+
+    return SequenceSplit(length=length, cut=cut)
 
 
 def has(key: str) -> Callable[[Sample], bool]:

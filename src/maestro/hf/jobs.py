@@ -18,6 +18,7 @@ from maestro.hf.forwards import (
     has,
     kd_student_forward,
     kd_teacher_forward,
+    multimodal_cp_split,
     multimodal_lm_forward,
 )
 from maestro.hf.models import ModelFactory
@@ -117,7 +118,13 @@ def mllm_sections(
     if len(set(placeholders.values())) < len(placeholders):
         raise ValueError("mllm_sections: image_token_id and audio_token_id must differ")
     sections.append(
-        Section("llm", llm, inputs=list(placeholders), forward=multimodal_lm_forward(placeholders))
+        Section(
+            "llm",
+            llm,
+            inputs=list(placeholders),
+            forward=multimodal_lm_forward(placeholders),
+            cp_split=multimodal_cp_split(placeholders),
+        )
     )
     return sections
 

@@ -88,11 +88,15 @@ def apply_recompute(blocks: list[nn.Module], where: str = "section") -> None:
             "blocks: Section(..., parallel=maestro.Parallelism(blocks=[YourBlock]))"
         )
 
+    from maestro.parallel.cp import keep_context
+
     for blk in blocks:
         inner = blk.forward
 
         def forward(*args, _inner=inner, **kwargs):
-            return checkpoint(_inner, *args, use_reentrant=False, **kwargs)
+            # under context parallelism the recomputation (in the backward) runs ring
+            # attention again, under the forward's context
+            return checkpoint(keep_context(_inner), *args, use_reentrant=False, **kwargs)
 
         blk.forward = functools.wraps(inner)(forward)
 

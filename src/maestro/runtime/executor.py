@@ -14,16 +14,21 @@ Per step, on every rank (deadlock-free for any schedule that assigns every activ
    gradients further back).
 3. Gradients are summed inside the section's DP group and the section's optimizer steps.
 
-Parallel strategies (``maestro.parallel``): a section's ranks form a ``dp x fsdp x tp`` mesh.
-The schedule's replicas are its ``dp * fsdp`` data-parallel coordinates; every rank of a
-replica's TP group gets the replica's inputs (the producer replica's TP leader sends to each)
-and only the TP leader sends outputs and input gradients on. FSDP collectives need every rank
-of a shard group (one FSDP mesh row: ``fsdp`` consecutive replicas, ``SectionLayout.
-shard_group``, the simulator's ``timeline.shard_groups``) to run the same forwards and
-backwards, so a replica with fewer micro-batches than the busiest of *its own shard group*
-runs zero-contribution padding micro-batches (``_pad_micro_batch``); shard groups do not wait
-for each other, and HSDP sums gradients across them once per step, in the step's tail
-(``maestro.parallel.apply``). ``lock_replicas`` is the group a replica pads with.
+Parallel strategies (``maestro.parallel``): a section's ranks form a ``dp x fsdp x tp`` mesh
+(``dp x fsdp x cp x tp`` with context parallelism). The schedule's replicas are its
+``dp * fsdp`` data-parallel coordinates; every rank of a replica's TP group gets the replica's
+inputs (the producer replica's TP leader sends to each) and only the TP leader sends outputs
+and input gradients on. A CP group (``maestro.parallel.cp``) shares a replica's samples, each
+rank a share of every sequence: a producer sends each CP rank only its share, each CP rank
+sends its share's input gradients back (the producer sums them), each rank of a CP producer
+sends its own rows of every sequence output (the consumer assembles them), and a CP
+section's gradients are summed over the group.
+FSDP collectives need every rank of a shard group (one FSDP mesh row: ``fsdp`` consecutive
+replicas, ``SectionLayout.shard_group``, the simulator's ``timeline.shard_groups``) to run the
+same forwards and backwards, so a replica with fewer micro-batches than the busiest of *its
+own shard group* runs zero-contribution padding micro-batches (``_pad_micro_batch``); shard
+groups do not wait for each other, and HSDP sums gradients across them once per step, in the
+step's tail (``maestro.parallel.apply``). ``lock_replicas`` is the group a replica pads with.
 
 Colocated groups (``[sections.NAME] group``, ``maestro.runtime.colocated``): the executor
 runs the *unit graph*, in which a group is one virtual section on the group's ranks; its
@@ -147,6 +152,17 @@ def _grads_of(received: Outputs) -> Outputs:
     }
 
 
+def _token_lengths(batch) -> dict[int, int | None]:
+    """``sample id -> sequence length`` (``input_ids``/``tokens``; ``None`` without)."""
+    from maestro.job import TOKEN_KEYS
+
+    out: dict[int, int | None] = {}
+    for s in batch:
+        t = next((s[k] for k in TOKEN_KEYS if isinstance(s.get(k), torch.Tensor)), None)
+        out[s["id"]] = int(t.shape[0]) if t is not None and t.dim() >= 1 else None
+    return out
+
+
 class MaestroWorker(WorkerCheckpoints):
     """The replica of one section on this rank.
 
@@ -179,7 +195,8 @@ class MaestroWorker(WorkerCheckpoints):
         #: the TP leader of a replica (of its last stage under ``pp``) sends its outputs
         self.leader = lay.leader(self.replica) == rank
         #: the TP leader of the replica's first stage sends the gradients of its inputs
-        self.sends_input_grads = lay.input_grad_leader(self.replica) == rank
+        #: (with ``cp``, every CP rank's: each sends its own share's)
+        self.sends_input_grads = lay.stage_ranks(self.replica, 0, lay.cp_index(rank))[0] == rank
         #: this rank's pipeline stage (``pp > 1``: ``maestro.parallel.pipeline.Stage``)
         self.stage = None
         self.stage_index = lay.stage_of(rank)
@@ -200,6 +217,8 @@ class MaestroWorker(WorkerCheckpoints):
         self.section.module.to(device)
         self.group = None  # plain replicas: the flat gradient all-reduce's group
         self.mesh = None
+        #: this rank's CP group (``cp > 1``: ring attention's, and the input gradients' sum)
+        self.cp_group = None
         #: a colocated group's per-member grids on this rank (``_group_comms``)
         self.member_comm = None
         for spec in self.specs:  # every rank creates every group, in the same order
@@ -222,10 +241,18 @@ class MaestroWorker(WorkerCheckpoints):
                 m = build_section_mesh(sl, device.type)
                 if spec.name == self.name:
                     self.mesh = m
-            elif spec.dp > 1:
+                    if sl.cp > 1:
+                        self.cp_group = m["cp"].get_group()
+            elif spec.dp > 1 or sl.cp > 1:
+                # without a mesh the flat gradient sum runs over every rank (dp x cp)
                 g = dist.new_group(self.layout[spec.name])
                 if spec.name == self.name:
                     self.group = g
+            if sl.cp > 1 and (not sl.sharded or sl.pp > 1):
+                for ranks in sl.cp_groups():
+                    g = dist.new_group(ranks)
+                    if spec.name == self.name and rank in ranks:
+                        self.cp_group = g
         # the non-finite guard's flags are agreed among the ranks of trainable sections only:
         # frozen ranks never update, so they keep running ahead of their consumers
         self.guard_names = [s.name for s in self.specs if not s.frozen]
@@ -270,6 +297,37 @@ class MaestroWorker(WorkerCheckpoints):
                     apply_recompute(transformer_blocks(sec_m.module, sec_m.parallel, where), where)
         #: the gradient-sum group over replicas of a TP-sharded section without FSDP
         self.dp_group = self.strategy.dp_group if self.strategy is not None else None
+        #: CP: the section's forward runs on this rank's share of every sequence
+        #: (``maestro.parallel.cp``); a sharded section sums its gradients over the CP group
+        #: in the step's tail (a plain one's flat sum already spans it)
+        self.cp_grad_group = None
+        #: a CP producer's ranks each send their own rows of every sequence output
+        #: (``maestro.parallel.cp.assemble`` at the consumer): no gather over the group; a
+        #: section that cuts its own sequence (``cp_split``) gathers them whole instead
+        self.cp_pieces = (
+            lay.cp > 1 and not self.graph.is_sink(self.name) and self.section.cp_split is None
+        )
+        self.sends_outputs = (
+            lay.stage_ranks(self.replica, lay.pp - 1, lay.cp_index(rank))[0] == rank
+            if self.cp_pieces
+            else self.leader
+        )
+        if lay.cp > 1:
+            from maestro.parallel.cp import cp_forward
+
+            self.section._forward = cp_forward(
+                self.section._forward,
+                lay.cp,
+                lay.cp_index(rank),
+                self.cp_group,
+                f"sections.{self.name}",
+                shared=self.section.cp_split is None,
+                ranks=lay.cp_peers(rank),
+                split=self.section.cp_split,
+                gather=not self.cp_pieces,
+            )
+            if self.mesh is not None:
+                self.cp_grad_group = self.cp_group
         self.params = [p for p in self.section.module.parameters() if p.requires_grad]
         self.optimizer = None
         #: ``(section config, parameters, optimizer)`` stepped after each step
@@ -330,6 +388,7 @@ class MaestroWorker(WorkerCheckpoints):
         self.label = (
             f"{self.name}[{self.replica}]"
             + (f"pp{self.stage_index}" if lay.pp > 1 else "")
+            + (f"cp{lay.cp_index(rank)}" if lay.cp > 1 else "")
             + (f"tp{tp_index}" if lay.tp > 1 else "")
         )
         #: ``"stop"`` (raise ``NonFiniteError``) or ``"skip"`` (no update on any rank)
@@ -340,8 +399,34 @@ class MaestroWorker(WorkerCheckpoints):
         self.last_ids: list[int] = []
         self.last_skipped = False
         self._batch_checked = False
+        #: ``sample id -> tokens`` of the batch being run (what a CP consumer's shares cut)
+        self._lengths: dict[int, int | None] = {}
         #: ``(batch fingerprint, schedule)`` of the last step
         self._schedule_cache: tuple[int, Schedule] | None = None
+        if lay.cp > 1 and lay.pp == 1:
+            self._probe_cp()
+
+    def _probe_cp(self) -> None:
+        """Refuse at start-up, in one line, a CP section whose attention cannot be split (no
+        SDPA call, a mask, a forward that runs samples one by one, a sequence shorter than
+        ``2 * cp``): one forward of the first batch's first sample for this section, its
+        producers' inputs absent (as for a padding micro-batch), in ``eval()`` mode and without
+        gradients, on every rank of the section (its collectives stay in step). A pipelined
+        section's first step is its probe (a later stage needs the earlier one's output)."""
+        sec = self.section
+        batch = batch_to(self.workload.batch(0), self.device)
+        sample = next((s for s in batch if sec.activated(s)), None)
+        if sample is None:
+            return
+        module = sec.module
+        training = [m.training for m in module.modules()]
+        module.eval()
+        try:
+            with torch.inference_mode() if sec.frozen else torch.no_grad():
+                sec.run([sample], {p: [None] for p in sec.inputs})
+        finally:
+            for m, t in zip(module.modules(), training):
+                m.training = t
 
     def _group_comms(self, unit: str, device_type: str) -> dict:
         """A colocated group's process groups, created by every rank in the same order:
@@ -492,8 +577,9 @@ class MaestroWorker(WorkerCheckpoints):
         out = {}
         for m, module, opt, _ in self._member_states():
             msc = self.config.sections[m]
-            # ZeRO-1 shards the optimizer state over the section's dp replicas
-            zero = msc.dp if msc.zero else 1
+            # ZeRO-1 shards the optimizer state over the section's dp replicas (and, without
+            # a mesh, its CP ranks too: they share the flat gradient-sum group)
+            zero = msc.dp * (msc.cp if msc.tp == 1 and msc.dp > 1 else 1) if msc.zero else 1
             out[m] = predicted_state_bytes(
                 module.parameters(), opt, trainable=not msc.frozen, zero=zero
             )
@@ -541,13 +627,28 @@ class MaestroWorker(WorkerCheckpoints):
     def _send_outputs(self, consumers, ids, outs, active, schedule, tag, step) -> None:
         """Send a micro-batch's per-sample outputs to every consumer rank that needs them: one
         coalesced message per destination (the leader of a TP group sends; training and eval
-        alike)."""
-        for c in consumers if self.leader else ():
+        alike). A consumer rank of a CP group gets its ``maestro.parallel.cp.share`` of each
+        sequence only."""
+        for c in consumers if self.sends_outputs else ():
             by_dst: dict[int, list[tuple[int, Outputs]]] = {}
+            lay = self.layouts[c]
+            # a consumer that assembles its own sequence (``cp_split``) gets whole outputs; a
+            # CP producer's rank sends its pieces (the consumer assembles and cuts them)
+            shares = (
+                lay.cp > 1
+                and getattr(self.graph[c], "cp_split", None) is None
+                and not self.cp_pieces
+            )
             for sid, o in zip(ids, outs):
                 if c in active[sid]:
                     for dst in self._ranks_of(c, schedule, sid):
-                        by_dst.setdefault(dst, []).append((sid, o))
+                        if shares and self._lengths.get(sid) is not None:
+                            from maestro.parallel.cp import share
+
+                            item = share(o, self._lengths[sid], lay.cp, lay.cp_index(dst))
+                        else:
+                            item = o
+                        by_dst.setdefault(dst, []).append((sid, item))
             for dst, items in by_dst.items():
                 self.transport.send(dst, tag, items, step)
 
@@ -580,6 +681,7 @@ class MaestroWorker(WorkerCheckpoints):
         with self.tracer.span("batch + schedule", "schedule"):
             # every rank builds the same batch and schedule: no coordination needed
             batch = batch_to(self.workload.batch(step), self.device)
+            self._lengths = _token_lengths(batch)
             fp = batch_fingerprint(batch)
             if not self._batch_checked:
                 # once per run, a collective check: a diverging pipeline is an error, not a hang
@@ -689,7 +791,7 @@ class MaestroWorker(WorkerCheckpoints):
                     col.append(None)
                     continue
                 with self.tracer.span(f"recv {p}", "wait", mb=k):
-                    got = self.transport.get(self._rank_of(p, schedule, sid), tag, sid)
+                    got = self._receive_output(p, schedule, sid, tag)
                 if needs_grad:
                     for t in got.values():
                         if t.is_floating_point():
@@ -709,7 +811,7 @@ class MaestroWorker(WorkerCheckpoints):
             for c in grad_from:
                 if c in active[sid]:
                     with self.tracer.span(f"recv grad {c}", "wait", mb=k):
-                        g = self.transport.get(self._grad_src(c, schedule, sid), tag_grad, sid)
+                        g = self._receive_grads(c, schedule, sid, o, tag_grad)
                     for key, gt in g.items():
                         if o[key].requires_grad:  # not a frozen group member's output
                             tensors.append(o[key])
@@ -722,6 +824,63 @@ class MaestroWorker(WorkerCheckpoints):
                         tensors.append(t)
                         grads.append(torch.zeros_like(t))
         return tensors, grads
+
+    def _receive_output(self, p: str, schedule: Schedule, sid: int, tag: int) -> Outputs:
+        """Producer ``p``'s outputs for sample ``sid`` as this rank's forward takes them: from
+        a CP producer, every rank's pieces assembled whole (``maestro.parallel.cp.assemble``),
+        then cut to this rank's share when it is a CP rank itself."""
+        lp = self.layouts[p]
+        rep = schedule.replica_of(p, sid)
+        pieces = getattr(self.graph[p], "cp_split", None) is None and lp.cp > 1
+        if not pieces or self.graph.is_sink(p):
+            return self.transport.get(self._rank_of(p, schedule, sid), tag, sid)
+        from maestro.parallel import cp as pcp
+
+        parts = [
+            self.transport.get(lp.stage_ranks(rep, lp.pp - 1, c)[0], tag, sid) for c in range(lp.cp)
+        ]
+        n = self._lengths[sid]
+        got = {
+            k: pcp.assemble([q[k] for q in parts], n, lp.cp)
+            if isinstance(v, torch.Tensor) and v.dim() >= 1
+            else v
+            for k, v in parts[0].items()
+        }
+        me = self.layouts[self.name]
+        if me.cp > 1 and self.section.cp_split is None:
+            got = pcp.share(got, n, me.cp, me.cp_index(self.rank))
+        return got
+
+    def _receive_grads(self, c: str, schedule: Schedule, sid: int, o: Outputs, tag: int):
+        """Consumer ``c``'s gradients of output ``o`` (sample ``sid``); from a CP consumer,
+        the sum of every CP rank's share (``maestro.parallel.cp.unshare``); on a CP
+        producer's rank, the rows of its own piece (``own_rows``)."""
+        from maestro.parallel import cp as pcp
+
+        lay = self.layouts[c]
+        n = self._lengths.get(sid)
+        if lay.cp == 1:
+            out = self.transport.get(self._grad_src(c, schedule, sid), tag, sid)
+        else:
+            rep = schedule.replica_of(c, sid)
+            out = {}
+            for i in range(lay.cp):
+                part = self.transport.get(lay.stage_ranks(rep, 0, i)[0], tag, sid)
+                for key, gt in part.items():
+                    if n is None:
+                        full = gt
+                    elif self.cp_pieces:  # ``o`` holds this rank's rows only
+                        full = pcp.unshare_rows(gt, n, lay.cp, i)
+                    else:
+                        full = pcp.unshare(gt, o[key], n, lay.cp, i)
+                    out[key] = full if key not in out else out[key] + full
+        if self.cp_pieces and n is not None:
+            me = self.layouts[self.name]
+            out = {
+                k: g if g.shape == o[k].shape else pcp.own_rows(g, n, me.cp, me.cp_index(self.rank))
+                for k, g in out.items()
+            }
+        return out
 
     def _step_tail(self, step: int, sink: bool, loss_total: float) -> float:
         """After a step's micro-batches: flush, the non-finite guard, the gradient sums and
@@ -746,6 +905,9 @@ class MaestroWorker(WorkerCheckpoints):
             elif self.dp_group is not None:  # TP replicas; HSDP across shard groups
                 with tr.span("all-reduce grads", "comm"):
                     pgrads.allreduce_grads(self.params, self.dp_group)
+            if self.cp_grad_group is not None:  # each CP rank holds its share's gradients
+                with tr.span("all-reduce grads (cp)", "comm"):
+                    pgrads.allreduce_grads(self.params, self.cp_grad_group)
             if self.stage is not None:
                 from maestro.runtime.pipeline import reduce_shared_grads
 
@@ -793,6 +955,7 @@ class MaestroWorker(WorkerCheckpoints):
                 vstep = ev.EVAL_STEP_BASE + b
                 with tr.span("eval batch + schedule", "schedule"):
                     batch = batch_to(batch, self.device)
+                    self._lengths = _token_lengths(batch)
                     fp = batch_fingerprint(batch)
                     if not getattr(self, "_eval_checked", False):
                         try:

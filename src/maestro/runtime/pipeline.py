@@ -55,16 +55,17 @@ def setup_comms(worker, layout, device_type: str) -> dict:
             m = build_section_mesh(stl, device_type)
             if rank in stl.ranks:
                 out["mesh"] = m
-        elif stl.num_replicas > 1:
+        elif len(stl.ranks) > 1:  # replicas (and CP ranks): the flat gradient sum
             g = dist.new_group(list(stl.ranks))
             if rank in stl.ranks:
                 out["group"] = g
     for rep in range(layout.num_replicas):
-        for t in range(layout.tp):
-            ranks = layout.pipeline_ranks(rep, t)
-            g = dist.new_group(ranks)
-            if rank in ranks:
-                out["pp_group"] = g
+        for c in range(layout.cp):
+            for t in range(layout.tp):
+                ranks = layout.pipeline_ranks(rep, t, c)
+                g = dist.new_group(ranks)
+                if rank in ranks:
+                    out["pp_group"] = g
     return out
 
 
@@ -92,12 +93,13 @@ def setup_stage(worker, sc, layout, mixed_precision) -> None:
     stage.install_hooks()
     stage.refresh(worker.section.module)  # FSDP2 replaced the parameters with DTensors
     worker.stage = stage
-    rep, s = worker.replica, worker.stage_index
-    worker.stage_leader = layout.stage_ranks(rep, s)[0] == worker.rank
-    worker.prev_leader = layout.stage_ranks(rep, s - 1)[0] if s > 0 else None
-    worker.prev_ranks = layout.stage_ranks(rep, s - 1) if s > 0 else []
-    worker.next_leader = layout.stage_ranks(rep, s + 1)[0] if s < layout.pp - 1 else None
-    worker.next_ranks = layout.stage_ranks(rep, s + 1) if s < layout.pp - 1 else []
+    # with cp, each CP rank's stages form their own chain (the same share of every sequence)
+    rep, s, c = worker.replica, worker.stage_index, layout.cp_index(worker.rank)
+    worker.stage_leader = layout.stage_ranks(rep, s, c)[0] == worker.rank
+    worker.prev_leader = layout.stage_ranks(rep, s - 1, c)[0] if s > 0 else None
+    worker.prev_ranks = layout.stage_ranks(rep, s - 1, c) if s > 0 else []
+    worker.next_leader = layout.stage_ranks(rep, s + 1, c)[0] if s < layout.pp - 1 else None
+    worker.next_ranks = layout.stage_ranks(rep, s + 1, c) if s < layout.pp - 1 else []
 
 
 def order(pp: int, stage: int, num: int, sink: bool, frozen: bool) -> list[tuple[str, int]]:
@@ -324,7 +326,7 @@ def checkpoint_parts(worker, full: bool) -> dict:
     if full and worker.optimizer is not None:
         opt = pstate.full_optimizer_state(worker.optimizer, worker.params)
     lay = worker.layouts[worker.name]
-    if worker.replica != 0 or lay.coordinate(worker.rank)[2] != 0:
+    if worker.replica != 0 or lay.coordinate(worker.rank)[2] != 0 or lay.cp_index(worker.rank):
         return {}
     part = (mod, opt, worker.stage.global_index())
     got = [None] * lay.pp if worker.stage.first else None

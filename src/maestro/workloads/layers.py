@@ -59,7 +59,13 @@ class Decoder(nn.Module):
 
     def forward_embeds(self, x: torch.Tensor) -> torch.Tensor:
         """(B, T, D) input embeddings -> (B, T, V) logits."""
-        x = x + self.pos.weight[: x.shape[1]]
+        from maestro.parallel.cp import positions
+
+        pos = positions(x.shape[0], x.shape[1], x.device)  # context parallelism: the share's
+        if pos is None:
+            x = x + self.pos.weight[: x.shape[1]]
+        else:  # (B, T) global positions; a padded row's tail may run past max_len
+            x = x + self.pos(pos.clamp_max(self.pos.num_embeddings - 1))
         for blk in self.blocks:
             x = blk(x)
         return self.head(self.ln(x))

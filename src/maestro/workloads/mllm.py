@@ -14,6 +14,7 @@ from torch import nn
 
 from maestro.config import MLLMConfig
 from maestro.job import Job
+from maestro.parallel.cp import SequenceSplit
 from maestro.sections import Outputs, Sample, Section
 from maestro.workloads.data import BigramLanguage, draw_kinds, long_tailed_lengths, seed_for
 from maestro.workloads.layers import Decoder, Encoder, pad_stack
@@ -137,6 +138,8 @@ def job(config) -> Job:
             lambda: Decoder(c.vocab_size, c.llm_dim, c.llm_layers, c.heads, max_len),
             inputs=ins["llm"],
             forward=llm,
+            # context parallelism cuts the interleaved sequence the forward builds
+            cp_split=SequenceSplit(length=_fused_length, cut=_fused_cut),
         )
     )
     return Job(sections, batches=batches, sample_cost=cost)
@@ -144,6 +147,50 @@ def job(config) -> Job:
 
 #: the ``[workload]`` table's settings (validated when the config loads)
 job.Config = MLLMConfig
+
+
+#: the LLM's inserts: producer section, the sample's key of its text position
+_INSERTS = (("vision", "image_pos"), ("audio", "audio_pos"))
+
+
+def _segments(sample: Sample, inputs: Mapping) -> list[tuple[str, int, int]]:
+    """The LLM's interleaved sequence as ``[(what, begin, end)]`` in order: ``"text"`` token
+    ranges and each producer's embedding rows (inserted before text position ``*_pos``)."""
+    inserts = sorted(
+        (sample[key], sec, inputs[sec]["embeds"].shape[0])
+        for sec, key in _INSERTS
+        if inputs.get(sec) is not None
+    )
+    out, prev = [], 0
+    for pos, sec, rows in inserts:
+        out += [("text", prev, pos), (sec, 0, rows)]
+        prev = pos
+    return out + [("text", prev, sample["tokens"].numel())]
+
+
+def _fused_length(sample: Sample, inputs: Mapping) -> int:
+    return sum(e - b for _, b, e in _segments(sample, inputs))
+
+
+def _fused_cut(sample: Sample, inputs: Mapping, start: int, end: int):
+    """A sample and inputs on which ``llm`` builds exactly positions ``start .. end - 1`` of
+    the interleaved sequence: its text tokens there, and the embedding rows there inserted at
+    their place among those tokens."""
+    text, got, at = [], {}, 0
+    chunk = {k: v for k, v in sample.items() if k not in ("tokens", "image_pos", "audio_pos")}
+    count = 0  # text tokens of the chunk so far
+    for what, b, e in _segments(sample, inputs):
+        lo, hi = max(b, b + start - at), min(e, b + end - at)
+        if lo < hi:
+            if what == "text":
+                text.append(sample["tokens"][lo:hi])
+                count += hi - lo
+            else:
+                got[what] = {"embeds": inputs[what]["embeds"][lo:hi]}
+                chunk[dict(_INSERTS)[what]] = count
+        at += e - b
+    chunk["tokens"] = torch.cat(text) if text else sample["tokens"][:0]
+    return chunk, {p: got.get(p) for p in inputs}
 
 
 def _encode(module: nn.Module, samples: Sequence[Sample], key: str) -> list[Outputs]:
