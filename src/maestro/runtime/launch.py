@@ -334,6 +334,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
                 "fsdp": sc.fsdp,
                 "tp": sc.tp,
                 "pp": sc.pp,
+                "cp": sc.cp,
                 "zero": sc.zero,
                 "recompute": sc.recompute,
                 "micro_batch_size": sc.micro_batch_size,
