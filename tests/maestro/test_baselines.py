@@ -331,7 +331,6 @@ def test_baselines_may_pipeline_and_split_sequences_maestro_may_not():
         m = plan_maestro(wl.samples, wl.sections, wl.cost_model, 16, opts)
     except ValueError:
         return  # nothing Maestro runs fits: fine
-    # Maestro pipelines per section (maestro train runs that), never the whole model, and
-    # splits no sequence while its runtime has no context parallelism (cp_choices (1,))
-    assert all(s.cp == 1 for s in m.sections.values())
-    assert not m.monolithic or all(s.pp == 1 for s in m.sections.values())
+    # Maestro pipelines and splits sequences per section (maestro train runs both), never
+    # across the whole model
+    assert not m.monolithic or all(s.pp == 1 and s.cp == 1 for s in m.sections.values())

@@ -104,9 +104,11 @@ class SearchOptions:
         pp_choices: pipeline stages per replica Maestro's own plans may give a section
             (the runtime's ``pp``: blocks cut into stages, parameters outside them kept on
             every stage); analytical models only, sections with at least as many blocks,
-            never inside a colocated group nor with ZeRO-1. Default ``(1,)``: off until its
-            pricing (``tpmodel.SectionStrategy.pp_shared``) is checked against measured
-            runs; ``maestro plan --pp`` searches ``(1, 2, 4)``.
+            never inside a colocated group nor with ZeRO-1 (``maestro plan --no-pp``: 1).
+        cp_choices: context-parallel degrees Maestro's own plans may give a sequence section
+            (the runtime's ``cp``: ring attention over the section's sequences); analytical
+            models only, sections whose longest sample reaches ``CP_MIN_TOKENS``, never
+            inside a colocated group.
         baseline_pp_choices: pipeline stages (1F1B) the baselines' whole-model search may
             use (they stand for other systems: Megatron-style stages, embeddings on the first
             and head on the last only).
@@ -132,7 +134,7 @@ class SearchOptions:
     zero1: bool = True
     objective: str = "gpu_hours"
     pp_choices: Sequence[int] = (1, 2, 4)
-    cp_choices: Sequence[int] = (1,)
+    cp_choices: Sequence[int] = (1, 2, 4)
     baseline_pp_choices: Sequence[int] = (1, 2, 4, 8)
     baseline_cp_choices: Sequence[int] = (1, 2, 4)
 
@@ -166,7 +168,8 @@ class SectionPlan:
         zero: 1: ZeRO-1 optimizer-state sharding over the ``dp`` replicas.
         pp: pipeline stages per replica (``maestro train``'s ``pp``; a baseline's stand for
             another system's).
-        cp: context-parallel degree (baselines only: ``maestro train`` has none).
+        cp: context-parallel degree (``maestro train``'s ``cp``: ring attention over each
+            sequence; a baseline's stands for another system's).
     """
 
     dp: int

@@ -373,12 +373,12 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str | None =
     section the runtime cannot split (``maestro.costmodel.splits_tp``, as the planner
     checks) is a ``ValueError`` naming the section.
     """
-    staged = [n for n, sp in plan.sections.items() if sp.cp > 1 or (sp.pp > 1 and plan.monolithic)]
+    staged = [n for n, sp in plan.sections.items() if plan.monolithic and (sp.cp > 1 or sp.pp > 1)]
     if staged:
         raise ValueError(
             f"sections.{staged[0]}: the plan splits sequences (cp) or pipelines the whole "
             "model (pp), which only the baselines may (they stand for other systems); "
-            "maestro train runs pp per section only"
+            "maestro train runs pp and cp per section only"
         )
     if not plan.monolithic:
         for n, sp in plan.sections.items():
@@ -411,6 +411,7 @@ def plan_toml(wl: Workload, plan: Plan, scale_down: int = 0, order: str | None =
             secs[n]["fsdp"] = sp.fsdp
             secs[n]["tp"] = sp.tp
             secs[n]["pp"] = sp.pp
+            secs[n]["cp"] = sp.cp
             secs[n]["zero"] = 0 if sp.group else sp.zero
             secs[n]["recompute"] = sp.recompute
             secs[n]["micro_batch_size"] = sp.micro_batch_size
@@ -435,18 +436,19 @@ def shrink_layout(
     with the most ranks halves its largest degree (dp, then fsdp, then tp on a tie), so each
     section keeps its kind of strategy as long as it can; tp is capped at ``max_tp``."""
     deg = {
-        n: [sp.dp, sp.fsdp, min(sp.tp, max_tp), min(sp.pp, max_tp)] for n, sp in sections.items()
+        n: [sp.dp, sp.fsdp, min(sp.tp, max_tp), min(sp.pp, max_tp), min(sp.cp, max_tp)]
+        for n, sp in sections.items()
     }
     if len(deg) > max_ranks:
         raise ValueError(f"{len(deg)} sections do not fit {max_ranks} ranks")
 
     def ranks(d):
-        return d[0] * d[1] * d[2] * d[3]
+        return d[0] * d[1] * d[2] * d[3] * d[4]
 
     while sum(ranks(d) for d in deg.values()) > max_ranks:
         n = max(deg, key=lambda m: ranks(deg[m]))
         d = deg[n]
-        i = max(range(4), key=lambda k: (d[k], -k))
+        i = max(range(5), key=lambda k: (d[k], -k))
         d[i] = max(1, d[i] // 2)
     return {
         n: replace(
@@ -455,6 +457,7 @@ def shrink_layout(
             fsdp=d[1],
             tp=d[2],
             pp=d[3],
+            cp=d[4],
             zero=sp.zero if d[1] == 1 and d[0] > 1 and d[3] == 1 else 0,
         )
         for n, (sp, d) in ((n, (sections[n], deg[n])) for n in sections)
@@ -557,6 +560,7 @@ def scenario_run_config(
                 "fsdp": sp.fsdp,
                 "tp": sp.tp,
                 "pp": sp.pp,
+                "cp": sp.cp,
                 "zero": sp.zero if not frozen[n] and sp.fsdp == 1 and sp.pp == 1 else 0,
                 "recompute": sp.recompute and not frozen[n],
                 "group": sp.group or None,
@@ -599,6 +603,8 @@ def read_plan(text: str) -> tuple[bool, dict[str, SectionPlan]]:
             group=str(t.get("group", "")),
             fsdp=int(t.get("fsdp", 1)),
             zero=int(t.get("zero", 0)),
+            pp=int(t.get("pp", 1)),
+            cp=int(t.get("cp", 1)),
         )
     return mono, out
 

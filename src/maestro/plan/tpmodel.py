@@ -68,10 +68,10 @@ class SectionStrategy:
             ``maestro train``'s ``pp`` does (``maestro.parallel.pipeline``); ``False``: the
             first stage holds the embedding and the last the head (Megatron-style, the
             baselines').
-        cp: context-parallel degree (ring attention), baselines only likewise: each of the
-            ``cp`` ranks computes ``1/cp`` of every sequence and keeps ``1/cp`` of its
-            activations; the K/V ring's traffic is taken as hidden under attention (an
-            optimistic price, in the baselines' favour).
+        cp: context-parallel degree (ring attention): each of the ``cp`` ranks computes
+            ``1/cp`` of every sequence of a sequence section and keeps ``1/cp`` of its
+            activations, and pays the K/V ring beyond the attention that hides it
+            (``maestro.estimate.pipeline.cp_ring_exposed``); an encoder runs whole.
     """
 
     tp: int = 1
@@ -518,6 +518,7 @@ def config_strategies(config) -> dict[str, SectionStrategy]:
             reshard_after_forward=bool(sc.reshard_after_forward),
             pp=sc.pp,
             pp_shared=sc.pp > 1,  # maestro train keeps embeddings and head on every stage
+            cp=getattr(sc, "cp", 1),
         )
         for n, sc in config.sections.items()
     }
