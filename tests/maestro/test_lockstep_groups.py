@@ -91,7 +91,13 @@ def test_monolithic_prediction_replays_plain_replicas():
     specs = [replace(s, dp=world, tp=1) for s in cfg.section_specs()]
 
     def replay(cm):
-        ordered = balanced_order(infos, world, cm, [(s.name, s.frozen) for s in specs])
+        ordered = balanced_order(
+            infos,
+            world,
+            cm,
+            [(s.name, s.frozen) for s in specs],
+            cfg.monolithic_micro_batch_size,  # the balancer prices the ranks' micro-batches
+        )
         sched = monolithic_schedule(
             ordered, specs, world_size=world, micro_batch_size=cfg.monolithic_micro_batch_size
         )
