@@ -69,12 +69,14 @@ def predict(cfg: TrainConfig, *, monolithic: bool, world: int, steps: int) -> Pr
         cm = _Replicas(cm)
         specs = [replace(s, dp=world, tp=1) for s in specs]
         if cfg.monolithic_order == "balanced":
+            budgets = [s.token_budget for s in specs if s.token_budget is not None]
             infos = balanced_order(
                 infos,
                 world,
                 cm,
                 [(s.name, s.frozen) for s in specs],
-                cfg.monolithic_micro_batch_size,
+                cfg.monolithic_micro_batch_size,  # the runtime's cut (runtime.monolithic)
+                min(budgets) if budgets else None,
             )
         elif cfg.monolithic_order == "tokens":
             infos = token_balanced_order(infos, world)
