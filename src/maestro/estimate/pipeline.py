@@ -27,13 +27,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def even_bounds(n: int, parts: int) -> list[tuple[int, int]]:
+    """``[(start, stop)]`` of ``n`` items cut into ``parts`` contiguous runs as even as
+    possible (the first ``n % parts`` one longer): pipeline stages of blocks
+    (``maestro.parallel.pipeline.stage_bounds``) and CP chunks of a sequence alike."""
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    base, extra = divmod(int(n), parts)
+    out, start = [], 0
+    for i in range(parts):
+        stop = start + base + (1 if i < extra else 0)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
 def stage_counts(layers: int, pp: int) -> list[int]:
-    """Blocks per stage of ``layers`` blocks cut into ``pp`` contiguous stages, as even as
-    possible (the first ``layers % pp`` stages get one more)."""
+    """Blocks per stage of ``layers`` blocks cut into ``pp`` contiguous stages
+    (``even_bounds``)."""
     if pp < 1:
         raise ValueError(f"pp must be >= 1, got {pp}")
-    base, extra = divmod(int(layers), pp)
-    return [base + (1 if s < extra else 0) for s in range(pp)]
+    return [b - a for a, b in even_bounds(layers, pp)]
 
 
 def replay_1f1b(fwd: Sequence[Sequence[float]], bwd: Sequence[Sequence[float]]) -> float:
@@ -141,6 +155,7 @@ def cp_ring_exposed(
 
 __all__ = [
     "cp_ring_exposed",
+    "even_bounds",
     "pipeline_makespan",
     "replay_1f1b",
     "stage_counts",

@@ -65,15 +65,10 @@ _ACTIVE: list[CPContext] = []
 
 def chunk_bounds(length: int, cp: int) -> list[tuple[int, int]]:
     """``[(start, end)]`` of the ``2 * cp`` chunks of a sequence of ``length`` tokens (the
-    first ``length % (2 cp)`` chunks one token longer)."""
-    n = 2 * cp
-    base, extra = divmod(length, n)
-    out, s = [], 0
-    for i in range(n):
-        e = s + base + (1 if i < extra else 0)
-        out.append((s, e))
-        s = e
-    return out
+    first ``length % (2 cp)`` chunks one token longer: ``estimate.pipeline.even_bounds``)."""
+    from maestro.estimate.pipeline import even_bounds
+
+    return even_bounds(length, 2 * cp)
 
 
 def rank_chunks(index: int, cp: int) -> tuple[int, int]:

@@ -64,14 +64,11 @@ class SkippedBlock(nn.Module):
 
 def stage_bounds(num_blocks: int, pp: int) -> list[tuple[int, int]]:
     """``[(start, stop)]`` block ranges of ``pp`` stages: contiguous, as even as possible
-    (the first ``num_blocks % pp`` stages get one more)."""
-    base, extra = divmod(num_blocks, pp)
-    out, start = [], 0
-    for s in range(pp):
-        stop = start + base + (1 if s < extra else 0)
-        out.append((start, stop))
-        start = stop
-    return out
+    (the first ``num_blocks % pp`` stages get one more): the cut the planner prices
+    (``maestro.estimate.pipeline.even_bounds``)."""
+    from maestro.estimate.pipeline import even_bounds
+
+    return even_bounds(num_blocks, pp)
 
 
 def _first_tensor(out) -> torch.Tensor:

@@ -8,20 +8,17 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from maestro.costmodel import CostModel
-from maestro.plan.options import Plan, SearchOptions, SectionPlan
+from maestro.plan.options import CP_MIN_TOKENS, Plan, SearchOptions, SectionPlan
 from maestro.plan.problem import (
     _better,
     _gb,
     _Problem,
     _shard_bytes,
     _simulate,
-    budget_caps,
+    best_of_caps,
 )
 from maestro.plan.tpmodel import SectionStrategy
 from maestro.schedule.types import SampleInfo, SectionSpec
-
-#: the shortest longest-sample for which the baselines' search offers context parallelism
-CP_MIN_TOKENS = 8192
 
 
 def plan_monolithic(
@@ -41,23 +38,11 @@ def plan_monolithic(
     as ``_monolithic_once``.
     """
     opts = options or SearchOptions()
-    caps = budget_caps(gpus) if opts.objective == "gpu_hours" else [gpus]
-    best, error, ranked, simulated = None, None, 0, 0
-    for cap in caps:
-        try:
-            got = _monolithic_once(samples, sections, cost_model, cap, opts, baseline=baseline)
-        except ValueError as e:
-            if cap == gpus:
-                error = e
-            continue
-        ranked += got.candidates
-        simulated += got.simulated
-        if best is None or _better(got.gpus, got.step_time, best, opts.objective):
-            best = got
-    if best is None:
-        raise error if error is not None else ValueError(f"nothing fits within {gpus} GPUs")
-    best.candidates, best.simulated = ranked, simulated
-    return best
+    return best_of_caps(
+        lambda cap, o: _monolithic_once(samples, sections, cost_model, cap, o, baseline=baseline),
+        gpus,
+        [opts],
+    )
 
 
 def _monolithic_once(

@@ -7,6 +7,9 @@ from dataclasses import InitVar, dataclass, field
 
 from maestro.schedule.types import SampleInfo
 
+#: The shortest longest-sample for which the search offers context parallelism (torchtitan and
+#: Megatron-LM use it from 8k tokens up), to the baselines and Maestro's sections alike.
+CP_MIN_TOKENS = 8192
 #: Micro-batch sizes the search tries (capped by each section's sample count).
 MBS_CHOICES = (1, 2, 4, 8, 16, 32, 64)
 #: Tensor-parallel degrees the search tries (capped by GPUs per node).

@@ -18,7 +18,7 @@ from maestro.costmodel import (
     splits_tp,
 )
 from maestro.plan.colocate import group_name, merged_samples
-from maestro.plan.options import Plan, SearchOptions
+from maestro.plan.options import CP_MIN_TOKENS, Plan, SearchOptions
 from maestro.plan.tpmodel import LayoutCostModel, SectionStrategy, with_layout
 from maestro.schedule.graph import check_sections, grad_consumers, role, topo_order
 from maestro.schedule.types import SampleInfo, SectionSpec
@@ -78,21 +78,12 @@ def _worst_features(costs: list, sec: SectionSpec, mbs: int) -> dict[str, float]
 def _data_order_work(cm: CostModel, sec: SectionSpec, costs: list, trainable: bool):
     """``(total, longest, mean forward, mean backward)`` micro-batch seconds with ``costs``
     cut in data order."""
+    from maestro.schedule.monolithic import cut_micro_batches
+
     total, longest, fwd, bwd = 0.0, 0.0, 0.0, 0.0
-    cur, tok = [], 0.0
-    mbs = []
-    for c in costs:
-        t = c.get("tokens", 0.0)
-        if cur and (
-            len(cur) >= sec.micro_batch_size
-            or (sec.token_budget is not None and tok + t > sec.token_budget)
-        ):
-            mbs.append(cur)
-            cur, tok = [], 0.0
-        cur.append(c)
-        tok += t
-    if cur:
-        mbs.append(cur)
+    mbs = cut_micro_batches(
+        costs, sec.micro_batch_size, sec.token_budget, lambda c: c.get("tokens", 0.0)
+    )
     for mb in mbs:
         f = micro_batch_features(mb)
         f_s = cm.forward_time(sec.name, f)
@@ -340,8 +331,6 @@ class _Problem:
         whose longest sample has at least ``2 * cp`` tokens and reaches ``CP_MIN_TOKENS``."""
         if not self.analytical or self.cm.shapes[n].unit != "tokens":
             return [1]
-        from maestro.plan.monolithic import CP_MIN_TOKENS
-
         longest = max((c.get("tokens", 0.0) for c in self.costs[n]), default=0.0)
         if longest < CP_MIN_TOKENS:
             return [1]
@@ -743,6 +732,32 @@ def budget_caps(gpus: int) -> list[int]:
         caps.add(c)
         c *= 2
     return sorted(caps, reverse=True)
+
+
+def best_of_caps(search, gpus: int, variants: list[SearchOptions]) -> Plan:
+    """The best plan of ``search(cap, options)`` over every ``variants`` entry and every cap
+    of ``budget_caps(gpus)`` (just ``gpus`` under the ``step_time`` objective), by the
+    objective; candidate and simulation counts summed. ``ValueError``: the first variant's
+    full-budget error when no search finds a plan."""
+    objective = variants[0].objective
+    caps = budget_caps(gpus) if objective == "gpu_hours" else [gpus]
+    best, error, ranked, simulated = None, None, 0, 0
+    for opts in variants:
+        for cap in caps:
+            try:
+                got = search(cap, opts)
+            except ValueError as e:
+                if cap == gpus and error is None:
+                    error = e
+                continue
+            ranked += got.candidates
+            simulated += got.simulated
+            if best is None or _better(got.gpus, got.step_time, best, objective):
+                best = got
+    if best is None:
+        raise error if error is not None else ValueError(f"nothing fits within {gpus} GPUs")
+    best.candidates, best.simulated = ranked, simulated
+    return best
 
 
 def _better(gpus: int, step: float, best: Plan, objective: str) -> bool:

@@ -16,8 +16,6 @@ missing.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from maestro.costmodel import AnalyticalCostModel, SectionShape, preset
 from maestro.estimate.models import ModelSpec, from_hf_config
 from maestro.schedule.types import SampleInfo
@@ -110,10 +108,10 @@ def _unit_key(name: str, samples: list[SampleInfo]) -> str:
 def analytical_model(config, samples: list[SampleInfo], hardware: str) -> AnalyticalCostModel:
     """An ``AnalyticalCostModel`` of a run config's sections (their modules' shapes) on
     ``hardware`` (a ``maestro.costmodel`` GPU preset or ``maestro.estimate`` hardware name)."""
-    from maestro.plan.workload import _meta_graph, section_tp_plans
+    from maestro.plan.modules import meta_graph, section_tp_plans
 
     gpu = preset(hardware)
-    graph = list(_meta_graph(config))
+    graph = list(meta_graph(config))
     tp_plans = section_tp_plans(config)
     specs: dict[str, tuple[ModelSpec, object]] = {}
     for sec in graph:
@@ -154,19 +152,4 @@ def analytical_model(config, samples: list[SampleInfo], hardware: str) -> Analyt
     return AnalyticalCostModel(shapes, gpu=gpu)
 
 
-def run_config_workload(path: Path, gpus: int | None, hardware: str):
-    """``maestro plan RUN.toml --hardware HW``: the run config's batch and sections, priced
-    on the analytical ``hardware``."""
-    from maestro.config import load
-    from maestro.plan.workload import Workload
-    from maestro.workloads import get_workload
-
-    cfg = load(path)
-    wl = get_workload(cfg)
-    samples = wl.sample_infos(wl.batch(0), wl.graph(build=[]))
-    cm = analytical_model(cfg, samples, hardware)
-    label = f"{path.stem} ({cm.gpu.name}, analytical)"
-    return Workload(label, samples, cfg.section_specs(), cm, gpus or cfg.world_size, cfg)
-
-
-__all__ = ["analytical_model", "run_config_workload"]
+__all__ = ["analytical_model"]

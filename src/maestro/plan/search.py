@@ -52,7 +52,7 @@ from maestro.plan.problem import (
     _simulate,
     _Unit,
     _units,
-    budget_caps,
+    best_of_caps,
 )
 from maestro.schedule.types import SampleInfo, SectionSpec
 
@@ -75,27 +75,12 @@ def plan_maestro(
     one search at ``gpus``. Arguments, result and errors as ``_plan_once``.
     """
     opts = options or SearchOptions()
-    caps = budget_caps(gpus) if opts.objective == "gpu_hours" else [gpus]
     subsets = [opts]
     if any(k > 1 for k in opts.pp_choices):
         subsets = [replace(opts, pp_choices=(1,)), opts]
-    best, error, ranked, simulated = None, None, 0, 0
-    for o in subsets:
-        for cap in caps:
-            try:
-                got = _plan_once(samples, sections, cost_model, cap, o)
-            except ValueError as e:
-                if cap == gpus and error is None:
-                    error = e
-                continue
-            ranked += got.candidates
-            simulated += got.simulated
-            if best is None or _better(got.gpus, got.step_time, best, opts.objective):
-                best = got
-    if best is None:
-        raise error if error is not None else ValueError(f"nothing fits within {gpus} GPUs")
-    best.candidates, best.simulated = ranked, simulated
-    return best
+    return best_of_caps(
+        lambda cap, o: _plan_once(samples, sections, cost_model, cap, o), gpus, subsets
+    )
 
 
 def _plan_once(

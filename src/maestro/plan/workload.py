@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from maestro.costmodel import CostModel
+from maestro.plan.modules import meta_graph, section_tp_plans
 from maestro.schedule.types import SampleInfo, SectionSpec
 
 if sys.version_info >= (3, 11):
@@ -211,28 +212,6 @@ def load_scenario(path: Path) -> ScenarioSpec:
     return spec
 
 
-def _meta_graph(config):
-    import torch
-
-    from maestro.workloads import get_workload
-
-    wl = get_workload(config)  # (its data is real; only the modules go on meta)
-    with torch.device("meta"):
-        return wl.graph()
-
-
-def section_tp_plans(config) -> dict[str, bool]:
-    """``section -> whether maestro.parallel can split it tensor-parallel`` for a run config:
-    the runtime's rule (``maestro.parallel.apply.module_tp_refusal``) asked of each section's
-    module built on the ``meta`` device."""
-    from maestro.parallel.apply import module_tp_refusal
-
-    return {
-        sec.name: module_tp_refusal(sec.module, spec=sec.parallel) is None
-        for sec in _meta_graph(config)
-    }
-
-
 def section_facts(config) -> dict:
     """``section -> SectionFacts`` of a run config's sections, counted on their modules built
     on the ``meta`` device: the transformer blocks ``maestro.parallel`` shards and splits
@@ -245,7 +224,7 @@ def section_facts(config) -> dict:
     from maestro.parallel.apply import module_tp_refusal, transformer_blocks
 
     out = {}
-    for sec in _meta_graph(config):
+    for sec in meta_graph(config):
         params = list(sec.module.parameters())
         total = float(sum(q.numel() * q.element_size() for q in params))
         try:
@@ -301,6 +280,21 @@ def _tp_divisor(block, spec=None) -> int:
     return math.gcd(math.gcd(h, kv), width)
 
 
+def run_config_workload(path: Path, gpus: int | None, hardware: str):
+    """``maestro plan RUN.toml --hardware HW``: the run config's batch and sections, priced
+    on the analytical ``hardware``."""
+    from maestro.config import load
+    from maestro.plan.run_shapes import analytical_model
+    from maestro.workloads import get_workload
+
+    cfg = load(path)
+    wl = get_workload(cfg)
+    samples = wl.sample_infos(wl.batch(0), wl.graph(build=[]))
+    cm = analytical_model(cfg, samples, hardware)
+    label = f"{path.stem} ({cm.gpu.name}, analytical)"
+    return Workload(label, samples, cfg.section_specs(), cm, gpus or cfg.world_size, cfg)
+
+
 def load_workload(
     config: str, gpus: int | None = None, profile=None, hardware: str | None = None
 ) -> Workload:
@@ -345,8 +339,6 @@ def load_workload(
         return scenario_workload(spec, gpus)
 
     if hardware is not None:
-        from maestro.plan.run_shapes import run_config_workload
-
         return run_config_workload(path, gpus, hardware)
     from maestro.config import load
     from maestro.costmodel import MeasuredCostModel

@@ -58,19 +58,7 @@ def monolithic_schedule(
     order: dict[str, list[list[MicroBatch]]] = {s.name: [] for s in sections}
     for r in range(world):
         shard = samples[(r * n) // world : ((r + 1) * n) // world]
-        whole: list[list[SampleInfo]] = []
-        cur: list[SampleInfo] = []
-        tok = 0.0
-        for s in shard:
-            t = s.cost.get("tokens", 0.0)
-            full = len(cur) >= mbs or (budget is not None and cur and tok + t > budget)
-            if full:
-                whole.append(cur)
-                cur, tok = [], 0.0
-            cur.append(s)
-            tok += t
-        if cur:
-            whole.append(cur)
+        whole = cut_micro_batches(shard, mbs, budget)
         for sec in sections:
             order[sec.name].append(
                 [
@@ -180,7 +168,7 @@ def balanced_order(
         for r in range(world):
             shard = order[(r * n) // world : ((r + 1) * n) // world]
             times = []
-            for mb in _cut(shard, micro_batch_size, token_budget):
+            for mb in cut_micro_batches(shard, micro_batch_size, token_budget):
                 t = 0.0
                 for name, _frozen in units:
                     part = [s.cost for s in mb if name in s.sections]
@@ -199,13 +187,17 @@ def balanced_order(
     return min((greedy, tokens), key=busiest)  # the first on a tie
 
 
-def _cut(shard: Sequence[SampleInfo], mbs: int, budget: float | None) -> list[list[SampleInfo]]:
-    """A rank's whole-model micro-batches, cut as ``monolithic_schedule`` cuts them."""
-    out: list[list[SampleInfo]] = []
-    cur: list[SampleInfo] = []
+def cut_micro_batches(items: Sequence, mbs: int, budget: float | None, tokens=None) -> list[list]:
+    """``items`` in order, cut into micro-batches of at most ``mbs`` items and, when
+    ``budget`` is set, at most ``budget`` tokens (a single longer item still gets its own):
+    the one rule of ``monolithic_schedule``, the balancer and the planner's data-order work.
+    ``tokens(item)``: an item's length (default: a ``SampleInfo``'s ``cost["tokens"]``)."""
+    length = tokens or (lambda s: s.cost.get("tokens", 0.0))
+    out: list[list] = []
+    cur: list = []
     tok = 0.0
-    for s in shard:
-        t = s.cost.get("tokens", 0.0)
+    for s in items:
+        t = length(s)
         if cur and (len(cur) >= mbs or (budget is not None and tok + t > budget)):
             out.append(cur)
             cur, tok = [], 0.0
