@@ -38,7 +38,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import replace
 
-from maestro.costmodel import CostModel
+from maestro.costmodel import AnalyticalCostModel, CostModel
 from maestro.plan.monolithic import plan_monolithic
 from maestro.plan.options import Ablation, Plan, SearchOptions, SectionPlan
 from maestro.plan.problem import (
@@ -76,7 +76,8 @@ def plan_maestro(
     """
     opts = options or SearchOptions()
     subsets = [opts]
-    if any(k > 1 for k in opts.pp_choices):
+    # (pipeline stages are priced on analytical models only: nothing to nest otherwise)
+    if any(k > 1 for k in opts.pp_choices) and isinstance(cost_model, AnalyticalCostModel):
         subsets = [replace(opts, pp_choices=(1,)), opts]
     return best_of_caps(
         lambda cap, o: _plan_once(samples, sections, cost_model, cap, o), gpus, subsets
