@@ -282,22 +282,18 @@ def _plan_once(
 
 def _kept(options: list, k: int) -> list:
     """A unit's ``k`` options with the fewest GPU-seconds of compute, plus the best of each
-    (FSDP degree, pipeline stages, CP degree): FSDP's gain is in the step's tail (no gradient
-    all-reduce after the last backward) and a pipeline's or a CP group's in memory and in a
-    shorter longest micro-batch, which the compute ranking does not see, so the allocation
-    weighs them. Keeping the best of every kind (``pp = 1`` included) makes the search nest:
-    more choices never remove a combination the smaller search had."""
+    FSDP degree, of each pipeline depth and of each CP degree: FSDP's gain is in the step's
+    tail (no gradient all-reduce after the last backward) and a pipeline's or a CP group's
+    in memory and in a shorter longest micro-batch, which the compute ranking does not see,
+    so the allocation weighs them. (Nesting does not rest on this: ``plan_maestro`` runs the
+    search without pipeline stages too.)"""
     by_cost = sorted(options, key=lambda o: o.work * o.tp * getattr(o, "cp", 1))
     out = by_cost[:k]
-    kinds = {(getattr(o, "fsdp", 1), getattr(o, "pp", 1), getattr(o, "cp", 1)) for o in options}
-    for kind in sorted(kinds):
-        best = next(
-            o
-            for o in by_cost
-            if (getattr(o, "fsdp", 1), getattr(o, "pp", 1), getattr(o, "cp", 1)) == kind
-        )
-        if best not in out:
-            out.append(best)
+    for attr in ("fsdp", "pp", "cp"):
+        for v in sorted({getattr(o, attr, 1) for o in options}):
+            best = next(o for o in by_cost if getattr(o, attr, 1) == v)
+            if best not in out:
+                out.append(best)
     return out
 
 
