@@ -238,6 +238,13 @@ class _Problem:
         """``_data_order_work`` of section ``sec`` on layout ``cm`` over this batch, memoised
         by (section, its strategy, micro-batch size, token budget, the batch)."""
         strat = cm.strategy(sec.name) if isinstance(cm, LayoutCostModel) else None
+        pp = strat.pp if strat is not None else 1
+        if pp > 1:  # a stage's work is exactly 1/pp of the unstaged replica's (forward_time)
+            flat = replace(strat, pp=1, pp_shared=False, zero=0)
+            cm = LayoutCostModel(cm.base, {**cm.strategies, sec.name: flat}, cm.overlap)
+            strat = flat
+        elif strat is not None:
+            strat = replace(strat, zero=0)  # ZeRO-1 changes memory and the tail, not the work
         key = (
             sec.name,
             strat,
@@ -251,7 +258,7 @@ class _Problem:
             if len(self._memo) > 1 << 16:
                 self._memo.clear()
             got = self._memo[key] = _data_order_work(cm, sec, self.costs[sec.name], trainable)
-        return got
+        return tuple(x / pp for x in got) if pp > 1 else got
 
     def model(
         self, tp: dict[str, int], rc: dict[str, bool], strategies: dict | None = None
@@ -668,7 +675,9 @@ def _simulate(
             )
         if p.opts.ablation.fifo:
             return samples, fifo_schedule(samples, specs, cm)
-        return samples, wavefront_schedule(samples, specs, cm)
+        # (an analytical model prices packed sequences, where no padding is saved by the
+        # length-grouped candidates; a measured one prices the runtime's padding)
+        return samples, wavefront_schedule(samples, specs, cm, group_by_length=not p.analytical)
 
     batches = [p.samples, *p.batches]
     if groups is not None:

@@ -344,8 +344,10 @@ def gpus_to_match(
     fastest = replace(options or SearchOptions(), objective="step_time")
 
     def plan(n: int) -> Plan | None:
+        # one search with every option at each probed budget (the bisection needs a plan
+        # per budget, not plan_maestro's nesting over smaller ones)
         try:
-            return plan_maestro(samples, sections, cost_model, n, fastest)
+            return _plan_once(samples, sections, cost_model, n, fastest)
         except ValueError:
             return None
 
