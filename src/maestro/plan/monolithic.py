@@ -34,14 +34,22 @@ def plan_monolithic(
 
     Under the ``gpu_hours`` objective, the best of ``_monolithic_once`` capped at ``gpus``
     and at every power of two below it, as ``plan_maestro`` searches (the budget is a cap
-    for both sides, and a larger one never gives a worse plan). Arguments, result and errors
-    as ``_monolithic_once``.
+    for both sides, and a larger one never gives a worse plan); a baseline's search runs
+    without and with its whole-model pipelines and CP, so they never make it worse.
+    Arguments, result and errors as ``_monolithic_once``.
     """
     opts = options or SearchOptions()
+    variants = [opts]
+    pps, cps = set(opts.baseline_pp_choices), set(opts.baseline_cp_choices)
+    if baseline and 1 in pps and 1 in cps and (pps | cps) - {1}:
+        # the baselines' search nests too: without whole-model pp and cp, then with them
+        # (more options must not crowd a better plan out of the few simulated; a layout
+        # priced as given, without 1 among its degrees, is left as it is)
+        variants = [replace(opts, baseline_pp_choices=(1,), baseline_cp_choices=(1,)), opts]
     return best_of_caps(
         lambda cap, o: _monolithic_once(samples, sections, cost_model, cap, o, baseline=baseline),
         gpus,
-        [opts],
+        variants,
     )
 
 
