@@ -5,18 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-#: the built-in scenarios (``maestro.sim.scenarios.NAMES``: the light ones, their aliases and
-#: the paper-like heavy ones the description names)
-SCENARIOS = (
-    "kd",
-    "mllm",
-    "mllm-audio",
-    "kd-light",
-    "mllm-light",
-    "kd-72b",
-    "mllm-vl",
-    "mllm-internvl",
-)
+#: the built-in scenarios: the light ones, their aliases and the paper-like heavy ones
+from maestro.sim.scenarios import NAMES as SCENARIOS
+
 #: the monolithic baselines ``--scheduler`` knows: name -> (sampler order, label); the same
 #: three samplers ``maestro plan`` compares (``maestro.plan.report.BASELINES``)
 MONOLITHIC = {

@@ -61,8 +61,8 @@ class SectionStrategy:
         recompute: activation checkpointing per block.
         reshard_after_forward: FSDP gathers the blocks again in the backward.
         pp: pipeline stages per replica (1F1B). A stage runs ``1/pp`` of the blocks and
-            holds ``1/pp`` of their state; the bubble, ``(pp - 1)`` stage-micro-batches per
-            step, is the planner's to add (``pipeline_bubble``).
+            holds ``1/pp`` of their state; the planner replays the real stages' 1F1B on
+            top (``plan.pipelines``; ``pipeline_bubble`` for equal stages).
         pp_shared: the stages each hold the parameters outside the blocks (embedding, LM
             head) and all-reduce their gradients over the stages once per step, as
             ``maestro train``'s ``pp`` does (``maestro.parallel.pipeline``); ``False``: the
@@ -94,13 +94,6 @@ class SectionStrategy:
             and self.pp == 1
             and self.cp == 1
         )
-
-
-def one_f_one_b_bubble(pp: int, stage_seconds: float) -> float:
-    """1F1B's fill and drain per step: ``pp - 1`` stage-times of one micro-batch's forward
-    and backward (Narayanan et al. 2021); the one formula the layout model and the
-    baselines' search (``plan.monolithic``) share."""
-    return (pp - 1) * stage_seconds
 
 
 def _ring(nbytes: float, n: int, bw: float, latency: float) -> float:
@@ -303,13 +296,16 @@ class LayoutCostModel(CostModel):
         return float(self.base.shapes[section].state_params) if self.analytical else 0.0
 
     def pipeline_bubble(self, section: str, feats: Features) -> float:
-        """Seconds of 1F1B's fill and drain per step for a micro-batch like ``feats``:
-        ``(pp - 1)`` stage-times of its forward and backward (Narayanan et al. 2021)."""
+        """Seconds of 1F1B's fill and drain per step for equal micro-batches like ``feats``
+        on equal stages (``(pp - 1)`` stage-times of its forward and backward), from the one
+        1F1B replay (``maestro.estimate.pipeline``) the planner uses for real stages."""
+        from maestro.estimate.pipeline import pipeline_makespan
+
         pp = self.strategy(section).pp
         if pp == 1:
             return 0.0
-        stage = self.forward_time(section, feats) + self.backward_time(section, feats)
-        return one_f_one_b_bubble(pp, stage)
+        f, b = self.forward_time(section, feats), self.backward_time(section, feats)
+        return pipeline_makespan([[f] * pp] * pp, [[b] * pp] * pp) - pp * (f + b)
 
     def forward_time(self, section: str, feats: Features) -> float:
         """One rank's forward seconds; a pipelined section's (``pp > 1``) ideal stage share,

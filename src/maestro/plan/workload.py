@@ -35,16 +35,9 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-SCENARIOS = (
-    "kd",
-    "mllm",
-    "mllm-audio",
-    "kd-light",
-    "mllm-light",
-    "kd-72b",
-    "mllm-vl",
-    "mllm-internvl",
-)
+#: the built-in scenarios: the light ones, their aliases and the paper-like heavy ones
+from maestro.sim.scenarios import NAMES as SCENARIOS
+
 #: image+audio share of the mllm-audio scenario at 40% text-only (kept proportional).
 _AUDIO_AT_40 = 0.15
 
