@@ -170,21 +170,16 @@ def test_maestro_is_never_worse_than_a_baseline_layout_its_runtime_runs(light):
 
 def test_the_cost_balancer_is_never_worse_than_token_balance(light):
     opts = SearchOptions(simulate_top=2)
-    tuned = plan_monolithic(
-        light.samples,
-        light.sections,
-        light.cost_model,
-        16,
-        replace(opts, monolithic_order="cost"),
-        baseline=True,
-    )
-    careful = plan_monolithic(
-        light.samples,
-        light.sections,
-        light.cost_model,
-        16,
-        replace(opts, monolithic_order="tokens"),
-        baseline=True,
+    tuned, careful = (
+        plan_monolithic(
+            light.samples,
+            light.sections,
+            light.cost_model,
+            16,
+            replace(opts, monolithic_order=order),
+            baseline=True,
+        )
+        for order in ("cost", "tokens")
     )
     assert _hours(tuned) <= _hours(careful) * (1 + 1e-6)
 
