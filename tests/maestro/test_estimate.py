@@ -153,3 +153,71 @@ def test_the_package_is_the_function():
 
     e = maestro.estimate("qwen2.5-7b", gpus=8, seq_len=4096)
     assert e.step_time == estimate("qwen2.5-7b", gpus=8, seq_len=4096).step_time
+
+
+@pytest.mark.parametrize("pp, vpp", [(2, 1), (4, 1), (4, 2), (8, 1)])
+def test_the_bubble_is_pp_minus_one_over_vpp_stage_times_plus_the_fill_and_drain(pp, vpp):
+    """1F1B's bubble: ``(pp - 1) / vpp`` micro-batches of one stage's compute, plus ``pp - 1``
+    hops of the fill's and of the drain's boundary sends (maestro.estimate.pipeline)."""
+    from maestro.estimate.pipeline import stage_send_seconds
+
+    spec = model("llama3-8b")  # 32 layers: every pp * vpp here divides them
+    mb, seq, gpus, m = 1, 4096, 8 * pp, 16
+    est = estimate(
+        "llama3-8b", gpus=gpus, seq_len=seq, micro_batch=mb, tp=8, pp=pp, vpp=vpp,
+        global_batch=m * mb, recompute="full",
+    )  # fmt: skip
+    assert est.micro_batches == m
+    stage = (est.breakdown["compute"] + est.breakdown["recompute"]) / m  # one mb, one stage
+    act = mb * seq * spec.hidden * 2.0  # bf16 boundary activations of one micro-batch
+    send = stage_send_seconds(2.0 * act, hardware("h100-sxm"), pp * 8 <= 8)
+    assert send > 0
+    expected = (pp - 1) / vpp * stage + 2 * (pp - 1) * send
+    assert est.breakdown["bubble"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_logits_shrink_as_one_over_tp_and_the_peak_with_them():
+    """The LM head's logits are vocab-parallel: tp ranks each hold 1/tp of them, and the
+    peak (the allocations plus the allocator's headroom) carries exactly that drop."""
+    from maestro.estimate.framework import framework
+
+    headroom = framework("torchtitan").allocator_headroom
+    kw = dict(gpus=8, seq_len=4096, micro_batch=2)
+    by_tp = {tp: estimate("llama3-8b", tp=tp, **kw) for tp in (1, 2, 4)}
+    for tp, est in by_tp.items():
+        assert est.memory["logits"] == pytest.approx(by_tp[1].memory["logits"] / tp, rel=1e-12)
+        parts = sum(v for k, v in est.memory.items() if k != "headroom")
+        assert est.memory["headroom"] == pytest.approx(headroom * parts, rel=1e-12)
+        assert est.peak_memory == pytest.approx(parts + est.memory["headroom"], rel=1e-12)
+    # the logits alone take (1 - 1/tp) of their size off the peak, headroom included
+    one, two = by_tp[1], by_tp[2]
+    drop = (one.memory["logits"] - two.memory["logits"]) * (1 + headroom)
+    assert drop > 0.05 * two.peak_memory  # big enough to matter at a 128k vocabulary
+    rest = lambda e: sum(v for k, v in e.memory.items() if k not in ("headroom", "logits"))  # noqa: E731
+    assert one.peak_memory - two.peak_memory == pytest.approx(
+        drop + (rest(one) - rest(two)) * (1 + headroom), rel=1e-9
+    )
+
+
+def test_an_fsdp_group_fits_a_node_only_if_tp_times_cp_of_it_does():
+    """8 GPUs at tp = 2: FSDP over 4 ranks inside one node (NVLink). 16 GPUs at tp = 2: FSDP
+    over 8 ranks that span two nodes, priced at the network's speed: against the same 16 GPUs
+    in one (hypothetical) 16-GPU NVLink domain, only the group's placement differs."""
+    import dataclasses
+
+    h100 = hardware("h100-sxm")
+    big_node = dataclasses.replace(h100, gpus_per_node=16)
+    kw = dict(seq_len=4096, micro_batch=1, tp=2)
+    inside = estimate("llama3-8b", gpus=8, **kw)
+    across = estimate("llama3-8b", gpus=16, **kw)
+    one_domain = estimate("llama3-8b", gpus=16, hardware_name=big_node, **kw)
+    assert (inside.layout.fsdp, across.layout.fsdp) == (4, 8)
+    assert across.breakdown["exposed_comm"] > 5 * inside.breakdown["exposed_comm"]
+    assert across.breakdown["exposed_comm"] > 5 * one_domain.breakdown["exposed_comm"]
+    # cp counts too: 4 data ranks x tp 2 x cp 2 = 16 GPUs, two nodes (the K/V ring, cp * tp = 4
+    # GPUs, stays inside a node on both sides)
+    kw["cp"] = 2
+    cp_across = estimate("llama3-8b", gpus=16, **kw)
+    cp_one_domain = estimate("llama3-8b", gpus=16, hardware_name=big_node, **kw)
+    assert cp_across.layout.fsdp == 4
+    assert cp_across.breakdown["exposed_comm"] > 2 * cp_one_domain.breakdown["exposed_comm"]
