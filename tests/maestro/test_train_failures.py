@@ -251,6 +251,68 @@ def test_signal_to_the_launcher_stops_every_rank(tmp_path, sig):
     assert "Traceback" not in "\n".join(out)
 
 
+def test_the_stop_handler_raises_once_then_ignores_both_signals():
+    """In-process: the first SIGTERM/SIGINT raises ``Stopped``; any later one, while the
+    launcher stops its ranks, is ignored; the caller's handlers come back afterwards."""
+    from maestro.runtime.launch import _stop_on_signals
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    with pytest.raises(failures.Stopped) as stopped:
+        with _stop_on_signals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # interrupted by the handler at once
+    assert stopped.value.signum == signal.SIGTERM
+    # still stopping: both ignored until the caller takes its handlers back
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        assert signal.getsignal(sig) == signal.SIG_IGN
+        os.kill(os.getpid(), sig)
+        time.sleep(0.01)  # a handler, were one left, would run here
+    stopped.value.restore_signals()
+    assert {s: signal.getsignal(s) for s in before} == before
+    with pytest.raises(failures.Stopped) as stopped:
+        with _stop_on_signals():
+            with pytest.raises(failures.Stopped):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(5)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):  # while "stopping"
+                os.kill(os.getpid(), sig)
+                time.sleep(0.01)
+            raise failures.Stopped(signal.SIGINT)
+    stopped.value.restore_signals()
+    assert {s: signal.getsignal(s) for s in before} == before
+    with _stop_on_signals():  # no stop: handlers back on leaving
+        pass
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_second_signal_while_stopping_is_ignored(tmp_path):
+    """SIGTERM, then SIGINT again and again while the ranks are being stopped: the first
+    signal decides (exit 128 + SIGTERM, one stop line), the later ones are ignored, and no
+    rank, fork server or resource tracker outlives the launcher."""
+    _, proc, children, err = _start_long_run(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    # the first signal has been handled once the launcher has begun stopping its ranks
+    deadline = time.time() + 5
+    while len(_running(children)) == len(children) and time.time() < deadline:
+        time.sleep(0.002)
+    while proc.poll() is None and time.time() < deadline:
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.01)
+    try:
+        proc.wait(timeout=8)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        err.close()
+    _, alive = psutil.wait_procs(_running(children), timeout=3)
+    assert not _running(alive), [p.cmdline()[:3] for p in _running(alive)]
+    assert proc.returncode == 128 + signal.SIGTERM
+    out = (tmp_path / "stderr.txt").read_text().splitlines()
+    line = [ln for ln in out if ln.startswith("maestro train: stopped")]
+    assert len(line) == 1 and line[0].startswith("maestro train: stopped by SIGTERM"), out[-5:]
+    assert "Traceback" not in "\n".join(out)
+
+
 def test_launcher_killed_outright_takes_its_ranks_along(tmp_path):
     _, proc, children, err = _start_long_run(tmp_path)
     proc.kill()

@@ -52,6 +52,7 @@ class Stopped(BaseException):
         super().__init__(signum)
         self.signum = signum
         self.step = step
+        self.restore_signals = lambda: None  # the launcher sets it (``launch.launch``)
 
     @property
     def name(self) -> str:

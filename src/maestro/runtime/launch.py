@@ -798,7 +798,9 @@ def launch(
     anything else (the first real error, not a peer's lost connection) or died;
     ``TimeoutError`` (after terminating the ranks) when the run exceeds ``timeout_s``;
     ``failures.Stopped`` when SIGTERM or SIGINT reached this process (called from the main
-    thread): every rank is then stopped (SIGTERM, SIGKILL after 2 s) before it propagates.
+    thread): every rank is then stopped (SIGTERM, SIGKILL after 2 s) before it propagates,
+    and both signals stay ignored (the process is stopping: a second signal changes nothing);
+    a caller that carries on calls ``e.restore_signals()`` to take its handlers back.
     """
     opts = opts or RunOptions()
     nproc = config.world_size if nproc is None else nproc
@@ -894,9 +896,22 @@ class _stop_on_signals:
             signal.signal(sig, signal.SIG_IGN)
         raise Stopped(signum)
 
-    def __exit__(self, *exc):
+    def restore(self) -> None:
+        """The caller's handlers back."""
         for sig, old in self.saved.items():
             signal.signal(sig, old if old is not None else signal.SIG_DFL)
+        self.saved = {}
+
+    def __exit__(self, exc_type, exc, tb):
+        from maestro.runtime.failures import Stopped
+
+        if isinstance(exc, Stopped):
+            # a stopping process keeps ignoring both signals until it has reported and exited
+            # (a second Ctrl-C must not cut the report short or change the exit code); a caller
+            # that carries on takes its handlers back with ``exc.restore_signals()``
+            exc.restore_signals = self.restore
+        else:
+            self.restore()
         return False
 
 
