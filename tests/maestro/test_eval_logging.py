@@ -1,11 +1,12 @@
 """``[eval]`` and ``--log-dir`` of ``maestro train`` (issue 31 item 5), on real processes.
 
 A user job (a frozen "tagger" feeding a trainable sink that returns ``loss`` and an extra
-``ce`` per sample) reads ``maestro.data.JsonlDataset`` files; ``[eval] data`` names a held-out
-file of 7 records (global batch 4: a full batch and a partial one). The eval figures must equal
-a no-grad forward of the same modules written here by hand in one process, with the weights
-of the plain training loop at that step; a run with ``[eval]`` must train exactly like one
-without; the logs must parse with TensorBoard's own reader.
+``ce`` per sample; the sink's blocks hold a child whose output depends on its training flag)
+reads ``maestro.data.JsonlDataset`` files; ``[eval] data`` names a held-out file of 7 records
+(global batch 4: a full batch and a partial one). The eval figures must equal a no-grad
+forward of the same modules written here by hand in one process (``model.eval()``), with the
+weights of the plain training loop at that step; a run with ``[eval]`` must train exactly like
+one without; the logs must parse with TensorBoard's own reader.
 """
 
 from __future__ import annotations
@@ -37,11 +38,21 @@ JOB = textwrap.dedent(
             return self.emb(ids)
 
 
+    class Damp(nn.Module):
+        # Dropout's expectation made deterministic: halves in training, passes in eval (a
+        # child's flag that eval must set and restore, with no randomness to compare)
+
+        def forward(self, x):
+            return 0.5 * x if self.training else x
+
+
     class Learner(nn.Module):
         def __init__(self, vocab, dim):
             super().__init__()
             self.emb = nn.Embedding(vocab, dim)
-            self.blocks = nn.ModuleList([nn.Linear(2 * dim, 2 * dim) for _ in range(2)])
+            self.blocks = nn.ModuleList(
+                [nn.Sequential(nn.Linear(2 * dim, 2 * dim), Damp()) for _ in range(2)]
+            )
             self.out = nn.Linear(2 * dim, vocab)
 
         def forward(self, ids, hint):
@@ -152,11 +163,13 @@ def plain_loop(cfg):
         losses.append(loss.item())
         if (step + 1) % EVERY == 0 or step + 1 == STEPS:
             tot, ce, norm = 0.0, 0.0, 0
+            learner.eval()  # every submodule (the Damp children) in eval mode
             with torch.no_grad():
                 for r in held:
                     ids = torch.tensor(r["input_ids"])
                     lo, c = evaljob.per_sample(learner, ids, tagger(ids))
                     tot, ce, norm = tot + lo.item(), ce + c.item(), norm + ids.numel() - 1
+            learner.train()
             evals[step + 1] = (tot / norm, ce / norm)
     return losses, evals, learner.state_dict()
 
@@ -263,15 +276,20 @@ def test_logs_parse_with_tensorboard_and_jsonl(runs):
 
 @pytest.mark.dist
 def test_eval_under_fsdp_and_monolithic(tmp_path):
-    """FSDP (a partial eval batch: one shard replica pads its forwards) and --monolithic."""
+    """FSDP (a partial eval batch: one shard replica pads its forwards; the sink's blocks are
+    FSDP units and its forward calls the module once per sample, so the two ranks make 2 and
+    1 calls for the last batch) and --monolithic."""
     cfg = write_run(tmp_path, EVAL, learner="dp = 1\nfsdp = 2")
-    _, want, _ = plain_loop(cfg)
+    losses, want, _ = plain_loop(cfg)
     for mono in (False, True):
         res = launch(
             cfg, nproc=3 if not mono else 2, opts=RunOptions(progress=False, monolithic=mono)
         )
         got = {r["step"]: r for r in res["eval"]}
         assert sorted(got) == [2, 3]
+        # training after an eval pass (blocks' resharding and training flags restored)
+        for x, y in zip(res["losses"], losses, strict=True):
+            assert abs(x - y) <= 1e-10 * abs(y), (mono, res["losses"], losses)
         for step, (loss, ce) in want.items():
             assert abs(got[step]["eval/loss"] - loss) <= 1e-10 * abs(loss), (mono, got, want)
             assert abs(got[step]["eval/ce"] - ce) <= 1e-10 * abs(ce), (mono, got, want)
@@ -360,3 +378,33 @@ def test_eval_under_other_layouts_equals_the_no_grad_forward(tmp_path, learner):
         assert abs(r["eval/loss"] - loss) <= 1e-10 * abs(loss), (r, want)
         assert abs(r["eval/ce"] - ce) <= 1e-10 * abs(ce), (r, want)
         assert r["eval/samples"] == 7
+
+
+def test_eval_mode_sets_every_submodule_and_restores_each_flag():
+    """``eval_mode`` equals ``model.eval()`` + a no-grad forward with Dropout and BatchNorm
+    inside child modules, and gives every module its own flag back (one child was already in
+    eval mode, the rest in training)."""
+    from torch import nn
+
+    from maestro.runtime.evaluation import eval_mode
+
+    torch.manual_seed(0)
+    inner = nn.Sequential(nn.Linear(6, 6), nn.BatchNorm1d(6), nn.Dropout(0.5))
+    model = nn.Sequential(nn.Linear(4, 6), inner, nn.Sequential(nn.Dropout(0.3), nn.Linear(6, 2)))
+    with torch.no_grad():  # running statistics far from a batch's own
+        inner[1].running_mean.fill_(3.0)
+        inner[1].running_var.fill_(0.25)
+    model[2][0].eval()  # a child the user keeps in eval mode
+    flags = {n: m.training for n, m in model.named_modules()}
+    x = torch.randn(8, 4)
+    reference = __import__("copy").deepcopy(model).eval()
+    with torch.no_grad():
+        want = reference(x)
+        stats = inner[1].running_mean.clone()
+        with eval_mode([model]):
+            assert not any(m.training for m in model.modules())
+            got = model(x)
+        assert torch.equal(inner[1].running_mean, stats)  # eval does not update them
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert {n: m.training for n, m in model.named_modules()} == flags
+    assert flags[""] and not flags["2.0"]

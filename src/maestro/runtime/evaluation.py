@@ -93,6 +93,35 @@ def eval_mode(modules):
             m.training = flag
 
 
+@contextmanager
+def gathered_through_eval(modules):
+    """FSDP2 units keep their parameters gathered from their first eval forward to the end
+    of the pass (``reshard`` frees them), each unit's own setting restored after.
+
+    Why: a user's forward may call the module once per sample, so the shard group's ranks
+    can make different numbers of calls for micro-batches of different sizes (a partial
+    held-out batch: 2 samples on one rank, 1 on its peer). A unit that reshards after every
+    call all-gathers on every call, and the ranks' collectives fall out of step (a hang).
+    Gathered once, later calls need no collective; every rank still runs each unit at least
+    once per micro-batch (padding included), so the one all-gather stays in step."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - old torch
+        yield
+        return
+    units = [m for top in modules for m in top.modules() if isinstance(m, FSDPModule)]
+    before = []
+    for m in units:
+        groups = m._get_fsdp_state()._fsdp_param_groups  # private: FSDP2 has no getter
+        before.append(any(g.post_forward_mesh_info is not None for g in groups))
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m, flag in zip(units, before):
+            m.set_reshard_after_forward(flag, recurse=False)
+
+
 def reshard(modules) -> None:
     """Free FSDP2's gathered parameters a forward without backward may keep (local, no
     collective): training starts from sharded parameters again."""

@@ -950,7 +950,7 @@ class MaestroWorker(WorkerCheckpoints):
         modules = [sec.module] + [self.real_graph[m].module for m in self.members]
         sums: dict[str, float] = {}
         norm_total, count = 0.0, 0
-        with ev.eval_mode(modules):
+        with ev.eval_mode(modules), ev.gathered_through_eval(modules):
             for b, batch in enumerate(batches):
                 vstep = ev.EVAL_STEP_BASE + b
                 with tr.span("eval batch + schedule", "schedule"):
