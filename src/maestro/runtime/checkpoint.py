@@ -298,13 +298,20 @@ class Checkpoint:
         return safe_load(path)
 
 
-def latest(d: str | Path) -> Checkpoint | None:
-    """The newest complete, intact checkpoint in ``d`` (``None`` when there is none)."""
+def latest(d: str | Path, skipped: list[str] | None = None) -> Checkpoint | None:
+    """The newest complete, intact checkpoint in ``d`` (``None`` when there is none).
+
+    ``skipped``, when given, receives one line per newer checkpoint passed over, naming
+    its file and why (a silent fallback hides a corrupted disk from the user).
+    """
     d = Path(d)
     if not d.is_dir():
         return None
     for step in sorted(_steps_with_manifest(d), reverse=True):
-        if verify(d, step) is None:
+        why = verify(d, step)
+        if why is not None and skipped is not None:
+            skipped.append(f"checkpoint {d}/{_prefix(step)} skipped: {why}")
+        if why is None:
             manifest = json.loads((d / f"{_prefix(step)}.manifest.json").read_text())
             fmt = manifest.get("format", "full")
             return Checkpoint(d, step, list(manifest["sections"]), fmt)

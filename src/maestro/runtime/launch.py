@@ -444,7 +444,11 @@ def _resume(config, opts, rank, worker):
     choice = [None]
     if rank == 0:
         d.mkdir(parents=True, exist_ok=True)
-        found = ck.latest(d)
+        skipped: list[str] = []
+        found = ck.latest(d, skipped)
+        if resume:
+            for line in skipped:
+                print(f"maestro: {line}", file=sys.stderr, flush=True)
         if not resume and ck.has_manifests(d):
             choice[0] = "error: " + (
                 f"{d} already holds checkpoints: pass --resume, or use an empty directory"
