@@ -102,9 +102,15 @@ def test_truncated_file_falls_back_to_previous_checkpoint(tmp_path):
     f = tmp_path / "step-00000004.sec.pt"
     f.write_bytes(f.read_bytes()[:-10])
     assert "does not match" in ck.verify(tmp_path, 4)
-    got = ck.latest(tmp_path)
+    skipped = []
+    got = ck.latest(tmp_path, skipped)
     assert got.next_step == 2
     assert float(got.section("sec")["module"]["weight"][0, 0]) == 2.0
+    # the fallback is told: which checkpoint, which file, why
+    assert skipped == [
+        f"checkpoint {tmp_path}/step-00000004 skipped: step-00000004.sec.pt does not match "
+        "the manifest (truncated or corrupted)"
+    ]
 
 
 def test_corrupted_byte_same_size_is_detected(tmp_path):

@@ -197,7 +197,9 @@ def _metadata(path: Path):
 
 
 def _meta(path: Path) -> dict:
-    return torch.load(Path(path) / META, map_location="cpu", weights_only=False)
+    from maestro.runtime.checkpoint import safe_load
+
+    return safe_load(Path(path) / META)
 
 
 def _layout_str(lay: dict) -> str:

@@ -32,6 +32,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -245,6 +246,25 @@ def verify(d: Path, next_step: int) -> str | None:
     return None
 
 
+def safe_load(path: str | Path) -> object:
+    """``torch.load`` of a file Maestro wrote, refusing anything that could run code.
+
+    Loads with ``weights_only=True``: tensors, containers and plain scalars only (what
+    Maestro writes: module and optimizer state dicts, RNG states, its own records).
+    A checkpoint from someone else that pickles a callable would otherwise execute it
+    on load, so such a file raises ``ValueError`` naming it and nothing in it runs.
+    """
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()
+        why = next((ln for ln in first if "GLOBAL" in ln or "Unsupported" in ln), "")
+        raise ValueError(
+            f"refusing to load checkpoint file {path}: it needs objects beyond tensors and "
+            f"plain containers, which could run code ({why.strip() or 'unsafe pickle'})"
+        ) from None
+
+
 @dataclass
 class Checkpoint:
     """A complete checkpoint on disk.
@@ -265,7 +285,7 @@ class Checkpoint:
     def meta(self) -> dict:
         """The run state written by rank 0."""
         path = self.dir / f"{_prefix(self.next_step)}.meta.pt"
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return safe_load(path)
 
     def section(self, name: str) -> dict:
         """``{"module": state_dict, "optimizer": state_dict | None}`` of one section."""
@@ -275,16 +295,23 @@ class Checkpoint:
             return read_full(section_dir(self.dir, self.next_step, name))
         # CPU first: ``load_state_dict`` moves the state onto the module's device
         path = self.dir / f"{_prefix(self.next_step)}.{name}.pt"
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return safe_load(path)
 
 
-def latest(d: str | Path) -> Checkpoint | None:
-    """The newest complete, intact checkpoint in ``d`` (``None`` when there is none)."""
+def latest(d: str | Path, skipped: list[str] | None = None) -> Checkpoint | None:
+    """The newest complete, intact checkpoint in ``d`` (``None`` when there is none).
+
+    ``skipped``, when given, receives one line per newer checkpoint passed over, naming
+    its file and why (a silent fallback hides a corrupted disk from the user).
+    """
     d = Path(d)
     if not d.is_dir():
         return None
     for step in sorted(_steps_with_manifest(d), reverse=True):
-        if verify(d, step) is None:
+        why = verify(d, step)
+        if why is not None and skipped is not None:
+            skipped.append(f"checkpoint {d}/{_prefix(step)} skipped: {why}")
+        if why is None:
             manifest = json.loads((d / f"{_prefix(step)}.manifest.json").read_text())
             fmt = manifest.get("format", "full")
             return Checkpoint(d, step, list(manifest["sections"]), fmt)

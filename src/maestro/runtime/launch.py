@@ -444,7 +444,11 @@ def _resume(config, opts, rank, worker):
     choice = [None]
     if rank == 0:
         d.mkdir(parents=True, exist_ok=True)
-        found = ck.latest(d)
+        skipped: list[str] = []
+        found = ck.latest(d, skipped)
+        if resume:
+            for line in skipped:
+                print(f"maestro: {line}", file=sys.stderr, flush=True)
         if not resume and ck.has_manifests(d):
             choice[0] = "error: " + (
                 f"{d} already holds checkpoints: pass --resume, or use an empty directory"
@@ -684,6 +688,26 @@ def _die_with_launcher(launcher_pid: int | None) -> None:
     threading.Thread(target=watch, name="maestro-launcher-watch", daemon=True).start()
 
 
+def _append_own_output() -> None:
+    """Put the launcher's own stdout/stderr in append mode when they are regular files.
+
+    The ranks reopen them with ``O_APPEND`` and write at the file's end; a handle opened
+    by ``2> log`` keeps its own offset (near 0), so without this the launcher's final
+    line overwrote the beginning of the log instead of ending it. Pipes and terminals
+    have no offset and are left alone.
+    """
+    import fcntl
+    import stat
+
+    for fd in (1, 2):
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_APPEND)
+        except OSError:
+            continue
+
+
 def _parent_state(method: str):
     """What a rank must take from the launcher as it is *now*: a fork server's children
     inherit the server's environment, ``sys.path``, working directory and stdout/stderr from
@@ -691,6 +715,7 @@ def _parent_state(method: str):
     path, captured output). ``None`` under spawn, which passes them itself."""
     import sys
 
+    _append_own_output()
     if method != "forkserver":
         return None
     return {"env": dict(os.environ), "path": list(sys.path), "cwd": os.getcwd(), "pid": os.getpid()}
