@@ -192,6 +192,15 @@ class HeteroServer:
         probe_node = {targets[0]: torch.zeros(1, dtype=torch.int64)}
         probe = features[sampler.sample(probe_node)] if graph.num_nodes[targets[0]] else None
         module, minfo = load_hetero_model(checkpoint, model, trust_pickle, probe, obj=obj)
+        hops = len(next(iter(fanouts.values()))) if fanouts else 0
+        if minfo["num_layers"] and hops != minfo["num_layers"]:
+            # too few hops miss messages (a silent wrong answer); too many only cost time,
+            # but say so either way, as the homogeneous server does
+            raise ValueError(
+                f"{hops} fanouts per relation but the model has {minfo['num_layers']} "
+                "message-passing layers; give one per layer with --fanouts (e.g. "
+                f"{','.join(['-1'] * minfo['num_layers'])} for all neighbours)"
+            )
         psgs = hetero_psgs(graph, fanouts)
         engines = {
             t: Engine(
