@@ -435,9 +435,23 @@ def create_hetero_app(server: HeteroServer):
     def error(status: int, msg: str) -> JSONResponse:
         return JSONResponse(status_code=status, content={"error": msg})
 
+    def unauthorised(request: Request) -> JSONResponse | None:
+        """401 before the body is read when the request lacks the token (nothing applied)."""
+        from quiver.serving.auth import UNAUTHORISED, authorised
+
+        if authorised(request.headers.get("authorization"), cfg.auth_token):
+            return None
+        return JSONResponse(
+            status_code=401,
+            content={"error": UNAUTHORISED},
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
     @app.post("/v1/predict")
     async def predict(request: Request):
         """Predict for nodes of one type (see the module docstring)."""
+        if cfg.auth_predict and (denied := unauthorised(request)) is not None:
+            return denied
         status, data = await _read_json(request, cfg.max_body_bytes)
         if status != 200:
             return error(status, data)
@@ -469,6 +483,8 @@ def create_hetero_app(server: HeteroServer):
         it is fsynced to the update log and visible to the next batch."""
         from quiver.hetero.updates import UpdateError
 
+        if (denied := unauthorised(request)) is not None:
+            return denied
         # the documented limit, as for predict: a larger update is split by the client
         status, data = await _read_json(request, cfg.max_body_bytes)
         if status != 200:
