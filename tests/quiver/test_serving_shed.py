@@ -14,9 +14,10 @@ async def _ok_app(scope, receive, send):
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-def _run(max_lag_s):
+def _run(max_lag_s, pending=lambda: 1):
+    """Block the loop ~150 ms between requests; ``pending``: the engine's unanswered work."""
     refused, lag_seen = [], []
-    app = LoopLagShedder(_ok_app, max_lag_s, on_reject=lambda: refused.append(1))
+    app = LoopLagShedder(_ok_app, max_lag_s, on_reject=lambda: refused.append(1), pending=pending)
 
     async def go():
         transport = httpx.ASGITransport(app=app)
@@ -42,6 +43,13 @@ def test_lagging_loop_refuses_predictions_with_429_then_recovers():
     assert health.status_code == 200
     assert after.status_code == 200 and app.lag_s < 0.05
     assert len(refused) == 1
+
+
+def test_lag_alone_never_refuses_a_server_with_nothing_to_do():
+    # the host, not the server, made the loop late: nothing queued, nothing in flight
+    (first, lagging, health, after), refused, app, lag = _run(max_lag_s=0.05, pending=lambda: 0)
+    assert lag > 0.05
+    assert lagging.status_code == 200 and after.status_code == 200 and not refused
 
 
 def test_disabled_shedder_never_refuses():

@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     if args.url:
         import httpx
 
+        from quiver.serving.auth import load_token
+
+        token = load_token(args.auth_token_file)
         try:
             health = httpx.get(args.url.rstrip("/") + "/healthz", timeout=10).json()
         except httpx.HTTPError as e:
@@ -78,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
         node_count = args.node_count or int(health["node_count"])
 
         async def make_target():
-            return await loadgen.http_target(args.url)
+            return await loadgen.http_target(args.url, token=token)
     else:
         if not args.dataset_dir or not args.checkpoint:
             raise ValueError("give DATASET_DIR and --checkpoint, or --url of a running server")

@@ -61,6 +61,25 @@ def add_serve_options(p) -> None:
         "for the staged pipeline)",
     )
     p.add_argument(
+        "--auth-token-file",
+        default=None,
+        metavar="PATH",
+        help="a file whose first line is the token POST /v1/update needs as 'Authorization: "
+        "Bearer TOKEN' (default: $QUIVER_AUTH_TOKEN); required to take updates beyond "
+        "loopback; `quiver bench --url` sends it",
+    )
+    p.add_argument(
+        "--auth",
+        choices=["updates", "predict"],
+        default="updates",
+        help="what the token guards: updates only, or predict too (updates)",
+    )
+    p.add_argument(
+        "--read-only",
+        action="store_true",
+        help="take no updates (POST /v1/update answers 403); no token needed on any --host",
+    )
+    p.add_argument(
         "--max-body-bytes",
         type=int,
         default=1 << 20,
@@ -151,8 +170,17 @@ def add_serve_options(p) -> None:
 
 def serve_config(args):
     from quiver.serving import ServeConfig
+    from quiver.serving.auth import load_token
 
+    token = load_token(getattr(args, "auth_token_file", None))
+    auth_predict = getattr(args, "auth", "updates") == "predict"
+    if auth_predict and token is None:
+        raise ValueError(
+            "--auth predict needs a token: --auth-token-file PATH (or $QUIVER_AUTH_TOKEN)"
+        )
     return ServeConfig(
+        auth_token=token,
+        auth_predict=auth_predict,
         max_request_nodes=args.max_request_nodes,
         queue_capacity=args.queue,
         max_batch_nodes=args.max_batch_nodes,
@@ -488,17 +516,22 @@ def run_hetero(args: argparse.Namespace) -> int:
             f"{', '.join(named)}: not available for a heterogeneous dataset yet (its model runs "
             "in fp32 on the CPU, in one process)"
         )
+    from quiver.serving.auth import check_open_writes
+
+    cfg = serve_config(args)
+    check_open_writes(args.host, not args.read_only, cfg.auth_token)
     check_listen(args.host, args.port)
     server = HeteroServer.from_dataset(
         args.dataset_dir,
         args.checkpoint,
-        cfg=serve_config(args),
+        cfg=cfg,
         fanouts=args.fanouts,
         targets=args.target.split(",") if args.target else None,
         model=args.model,
         trust_pickle=args.trust_pickle,
         seed=args.seed,
         feature_cache=args.feature_cache if args.feature_cache != "0" else "1G",
+        updates=not args.read_only,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

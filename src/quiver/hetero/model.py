@@ -194,6 +194,41 @@ def read_hetero_checkpoint(checkpoint):
         raise ValueError(f"--checkpoint {path}: cannot load ({_one_line(e)})") from None
 
 
+def hetero_hops(module: nn.Module) -> int:
+    """The message-passing hops a hetero module propagates (0 when it shows none).
+
+    A group of ``MessagePassing`` modules side by side, one per relation (``HeteroConv``'s
+    ``convs``, each layer ``to_hetero`` rewrote), is one layer: its hops are its deepest
+    member's. Layers anywhere else (``RGCNConv`` over a flattened graph) count one each, as
+    :func:`quiver.usermodel.layer_hops` reads them.
+    """
+    from quiver.usermodel import layer_hops
+
+    try:
+        from torch_geometric.nn import MessagePassing
+    except ImportError:  # pragma: no cover - torch_geometric is a dependency
+        return 0
+
+    def walk(m: nn.Module) -> int:
+        total = 0
+        for child in m.children():
+            if isinstance(child, MessagePassing):
+                total += layer_hops(child)
+            elif (
+                isinstance(child, nn.ModuleDict)
+                and len(child)
+                and all(isinstance(c, MessagePassing) for c in child.values())
+            ):
+                total += max(layer_hops(c) for c in child.values())
+            else:
+                total += walk(child)
+        return total
+
+    if isinstance(module, MessagePassing):
+        return layer_hops(module)
+    return walk(module)
+
+
 def load_hetero_model(
     checkpoint, model: str | None = None, trust_pickle: bool = False, probe=None, obj=None
 ) -> tuple[nn.Module, dict]:
@@ -208,7 +243,8 @@ def load_hetero_model(
             (:func:`read_hetero_checkpoint`), so a large checkpoint is read once.
 
     Returns:
-        ``(module, info)``; ``info`` has ``kind`` and the checkpoint's ``fanouts`` (or None).
+        ``(module, info)``; ``info`` has ``kind``, the checkpoint's ``fanouts`` (or None) and
+        ``num_layers``, the hops the module propagates (:func:`hetero_hops`, 0 when unknown).
 
     Raises:
         FileNotFoundError, ValueError: one line naming the file or option.
@@ -243,4 +279,8 @@ def load_hetero_model(
     _fit_state_dict(module, state, str(path), f"the module {spec} builds")
     module.eval()
     fanouts = obj.get("fanouts") if isinstance(obj, dict) else None
-    return module, {"kind": f"{spec} ({type(module).__name__})", "fanouts": fanouts}
+    return module, {
+        "kind": f"{spec} ({type(module).__name__})",
+        "fanouts": fanouts,
+        "num_layers": hetero_hops(module),
+    }

@@ -84,6 +84,18 @@ def _parse_fanouts(fanouts):
     return fanouts
 
 
+def embedding_rows(module: torch.nn.Module, types) -> dict[str, int]:
+    """Featureless node type -> rows of the ``nn.Embedding`` the module keeps for it (one
+    registered under the type's name, as in ``ModuleDict({type: Embedding})``); types
+    without one are left out (their room is unknown, nothing is refused for them)."""
+    rows = {}
+    for name, m in module.named_modules():
+        t = name.rpartition(".")[2]
+        if t in types and isinstance(m, torch.nn.Embedding):
+            rows[t] = min(rows.get(t, m.num_embeddings), m.num_embeddings)
+    return rows
+
+
 class HeteroServer:
     """Engines per target node type, their HTTP front end, and what they share.
 
@@ -192,6 +204,15 @@ class HeteroServer:
         probe_node = {targets[0]: torch.zeros(1, dtype=torch.int64)}
         probe = features[sampler.sample(probe_node)] if graph.num_nodes[targets[0]] else None
         module, minfo = load_hetero_model(checkpoint, model, trust_pickle, probe, obj=obj)
+        hops = len(next(iter(fanouts.values()))) if fanouts else 0
+        if minfo["num_layers"] and hops != minfo["num_layers"]:
+            # too few hops miss messages (a silent wrong answer); too many only cost time,
+            # but say so either way, as the homogeneous server does
+            raise ValueError(
+                f"{hops} fanouts per relation but the model has {minfo['num_layers']} "
+                "message-passing layers; give one per layer with --fanouts (e.g. "
+                f"{','.join(['-1'] * minfo['num_layers'])} for all neighbours)"
+            )
         psgs = hetero_psgs(graph, fanouts)
         engines = {
             t: Engine(
@@ -222,6 +243,7 @@ class HeteroServer:
         )
         if live is not None:
             info += f"; updates on (replayed to seq {live.seq})"
+            live.capacity = embedding_rows(module, [t for t in graph.num_nodes if t not in tables])
         server = cls(engines, graph, info)
         server.fanouts = fanouts
         server.fap = fap
@@ -341,6 +363,20 @@ class HeteroServer:
                 else:
                     name = f"{name}{{{label}}}"
                 lines.append(f"{name} {rest}")
+        if self.live is not None:
+            stats = self.live.stats()
+            nodes, edges = stats["num_nodes"].items(), stats["num_edges"].items()
+            lines += [
+                "# HELP quiver_graph_nodes Nodes per type in the served (live) graph.",
+                "# TYPE quiver_graph_nodes gauge",
+                *(f'quiver_graph_nodes{{node_type="{t}"}} {n}' for t, n in nodes),
+                "# HELP quiver_graph_edges Edges per relation in the served (live) graph.",
+                "# TYPE quiver_graph_edges gauge",
+                *(f'quiver_graph_edges{{edge_type="{t}"}} {n}' for t, n in edges),
+                "# HELP quiver_update_log_records Updates logged since the last compaction.",
+                "# TYPE quiver_update_log_records gauge",
+                f"quiver_update_log_records {stats['log_records']}",
+            ]
         return "\n".join(lines) + "\n"
 
 
@@ -399,9 +435,23 @@ def create_hetero_app(server: HeteroServer):
     def error(status: int, msg: str) -> JSONResponse:
         return JSONResponse(status_code=status, content={"error": msg})
 
+    def unauthorised(request: Request) -> JSONResponse | None:
+        """401 before the body is read when the request lacks the token (nothing applied)."""
+        from quiver.serving.auth import UNAUTHORISED, authorised
+
+        if authorised(request.headers.get("authorization"), cfg.auth_token):
+            return None
+        return JSONResponse(
+            status_code=401,
+            content={"error": UNAUTHORISED},
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
     @app.post("/v1/predict")
     async def predict(request: Request):
         """Predict for nodes of one type (see the module docstring)."""
+        if cfg.auth_predict and (denied := unauthorised(request)) is not None:
+            return denied
         status, data = await _read_json(request, cfg.max_body_bytes)
         if status != 200:
             return error(status, data)
@@ -433,7 +483,10 @@ def create_hetero_app(server: HeteroServer):
         it is fsynced to the update log and visible to the next batch."""
         from quiver.hetero.updates import UpdateError
 
-        status, data = await _read_json(request, cfg.max_body_bytes * 16)
+        if (denied := unauthorised(request)) is not None:
+            return denied
+        # the documented limit, as for predict: a larger update is split by the client
+        status, data = await _read_json(request, cfg.max_body_bytes)
         if status != 200:
             return error(status, data)
         try:
@@ -444,12 +497,17 @@ def create_hetero_app(server: HeteroServer):
 
     @app.get("/healthz")
     async def healthz():
-        """Liveness: node counts per type, the served types and their queue depths."""
-        return {
-            "status": "ok",
-            "node_types": dict(server.graph.num_nodes),
-            "served": {t: {"queue_depth": e.queue_depth()} for t, e in server.engines.items()},
-        }
+        """Liveness: live node counts per type (edge counts per relation and the update
+        log's length with updates on), the served types and their queue depths."""
+        body = {"status": "ok", "node_types": dict(server.graph.num_nodes)}
+        if server.live is not None:
+            stats = server.live.stats()
+            body["node_types"] = stats["num_nodes"]
+            body["edge_types"] = stats["num_edges"]
+            body["update_seq"] = stats["seq"]
+            body["update_log_records"] = stats["log_records"]
+        body["served"] = {t: {"queue_depth": e.queue_depth()} for t, e in server.engines.items()}
+        return body
 
     @app.get("/metrics")
     async def metrics():

@@ -247,6 +247,15 @@ class _LiveRelation:
             return ei, np.concatenate([self.eid[keep], self.p_eid[pos]]).astype(np.int64)
         return ei
 
+    def num_edges(self) -> int:
+        """Edges in the current version (base rows not patched, plus the patched rows)."""
+        base_deg = np.diff(self.indptr)
+        k = min(self.p_start.shape[0], self.base_n)
+        patched = self.p_start >= 0
+        return int(
+            self.indices.shape[0] - base_deg[:k][patched[:k]].sum() + self.p_deg[patched].sum()
+        )
+
     def arrays(self) -> tuple:
         return (
             self.indptr, self.indices, self.eid, self.base_n,
@@ -299,11 +308,29 @@ class _LiveFeatures:
 
 
 def _ids(values, what: str) -> np.ndarray:
+    """A list of JSON integers as int64, strictly: predict's rule, so an update never stores
+    ``1.5``, ``"1"`` or ``true`` as an id (numpy would silently convert all three)."""
+    if not isinstance(values, list) or any(type(v) is not int for v in values):
+        raise UpdateError(f"{what}: a list of integer ids (no floats, strings or booleans)")
     try:
-        a = np.asarray(values, dtype=np.int64).reshape(-1)
+        return np.asarray(values, dtype=np.int64).reshape(-1)
+    except OverflowError:
+        raise UpdateError(f"{what}: an id out of the int64 range") from None
+
+
+def _rows(rows, what: str) -> np.ndarray:
+    """A list of lists of JSON numbers as float32, strictly (numpy would take ``"1.5"`` and
+    ``true``); the caller checks the shape and finiteness."""
+    if not isinstance(rows, list) or not all(
+        isinstance(r, list)
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in r)
+        for r in rows
+    ):
+        raise UpdateError(f"{what}: rows of numbers (no strings or booleans)")
+    try:
+        return np.asarray(rows, dtype=np.float32)
     except (TypeError, ValueError, OverflowError):
-        raise UpdateError(f"{what}: a list of integer ids") from None
-    return a
+        raise UpdateError(f"{what}: rows of numbers of one width") from None
 
 
 class Version:
@@ -360,6 +387,9 @@ class LiveGraph:
             },
         )
         self.listeners: list = []  # called with (op, record) after each applied update
+        #: featureless node type -> the most nodes the served model can embed (set by the
+        #: server from the model's embedding tables; add_nodes past it is refused)
+        self.capacity: dict[str, int] = {}
         self.compacting = False
         self.log = UpdateLog(graph.path) if durable and graph.path is not None else None
         if self.log is not None:
@@ -386,6 +416,18 @@ class LiveGraph:
     @property
     def features(self) -> dict:
         return self.version.features
+
+    def stats(self) -> dict:
+        """Live counts for ``/healthz`` and ``/metrics``: nodes per type, edges per relation,
+        and the update log's length (records applied since the last compaction)."""
+        version = self.version  # one version: the counts agree with each other
+        base = int(self.graph.manifest.get("compacted_seq", 0))
+        return {
+            "seq": version.seq,
+            "log_records": version.seq - base,
+            "num_nodes": dict(version.num_nodes),
+            "num_edges": {edge_type_name(et): r.num_edges() for et, r in version.rels.items()},
+        }
 
     def reading(self) -> _Reading:
         """``with live.reading() as version:`` the version a batch samples and gathers from
@@ -459,12 +501,19 @@ class LiveGraph:
                     n = rec.get("count")
                     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
                         raise UpdateError("add_nodes: 'count' must be a positive integer")
+                    room = self.capacity.get(t)
+                    if room is not None and self.num_nodes[t] + n > room:
+                        # the model embeds these nodes by id: a row past its table would
+                        # make every later predict touching them fail
+                        left = max(room - self.num_nodes[t], 0)
+                        raise UpdateError(
+                            f"add_nodes: node type {t!r} is featureless and the model embeds "
+                            f"{room} of them; room for {left} more, asked for {n}",
+                            status=409,
+                        )
                     return rec
             if feats is not None:
-                try:
-                    arr = np.asarray(rows, dtype=np.float32)
-                except (TypeError, ValueError):
-                    raise UpdateError(f"{op}: 'features' must be rows of numbers") from None
+                arr = _rows(rows, f"{op}: 'features'")
                 if arr.ndim != 2 or arr.shape != (n, feats.width) or n < 1:
                     raise UpdateError(
                         f"{op}: features of {t!r} must be [{max(n, 1)}, {feats.width}], got "
@@ -496,10 +545,7 @@ class LiveGraph:
                     f"add_edges: {edge_type_name(et)} has edge features: give 'edge_features' "
                     "(one row per edge)"
                 )
-            try:
-                arr = np.asarray(rows, dtype=np.float32)
-            except (TypeError, ValueError):
-                raise UpdateError("add_edges: 'edge_features' must be rows of numbers") from None
+            arr = _rows(rows, "add_edges: 'edge_features'")
             want = (src.shape[0], int(efeat.shape[1]))
             if arr.shape != want or not np.isfinite(arr).all():
                 raise UpdateError(

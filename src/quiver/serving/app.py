@@ -153,7 +153,13 @@ def create_app(engine: Engine) -> FastAPI:
     # share one lag monitor, so the fast path can excuse the time it spends refusing bad bodies
     lag = LoopLag()
     app.add_middleware(PredictFastPath, engine=engine, lag=lag)
-    app.add_middleware(LoopLagShedder, max_lag_s=max_lag, on_reject=rejected.inc, lag=lag)
+    app.add_middleware(
+        LoopLagShedder,
+        max_lag_s=max_lag,
+        on_reject=rejected.inc,
+        lag=lag,
+        pending=getattr(engine, "pending", None),
+    )
     errors = engine.metrics.http_errors
 
     def count_error(status: int) -> None:

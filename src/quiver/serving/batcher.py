@@ -283,6 +283,10 @@ class DynamicBatcher:
             return False
         return now - req.arrival > self.max_queue_s()
 
+    def pending(self) -> int:
+        """Admitted requests not answered yet (an int read: no lock on the front door's path)."""
+        return self._in_flight
+
     def refusal(self, now: float) -> str | None:
         """Why a request arriving now would be refused as overload (None: it would be admitted).
 

@@ -20,11 +20,17 @@ class Client:
     Args:
         url: base URL, e.g. ``"http://127.0.0.1:8000"``.
         timeout: seconds per request (default 30).
+        token: the server's token (``--auth-token-file``), sent as ``Authorization: Bearer``;
+            default ``$QUIVER_AUTH_TOKEN`` when set.
     """
 
-    def __init__(self, url: str, timeout: float = 30.0):
+    def __init__(self, url: str, timeout: float = 30.0, token: str | None = None):
+        from quiver.serving.auth import load_token
+
         self.url = url.rstrip("/")
-        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        token = token if token is not None else load_token()
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
 
     def predict(self, nodes, output: str = "class") -> dict:
         """Predict for ``nodes``; returns the JSON body (``values`` has one entry per node)."""

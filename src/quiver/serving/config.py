@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 OUTPUTS = ("class", "logits", "embedding")
 
@@ -78,6 +78,11 @@ class ServeConfig:
         docs: serve the interactive ``/docs`` (Swagger UI) and ``/redoc`` pages (default
             False), their assets served by the server itself, so they render offline; needs
             the ``serve-docs`` extra (``fastapi-offline``). ``/openapi.json`` is always served.
+        auth_token: the token ``POST /v1/update`` needs as ``Authorization: Bearer TOKEN``
+            (and ``/v1/predict`` with ``auth_predict``), compared in constant time; a request
+            without it gets 401 before its body is read. None (default): no token. Kept out
+            of the config's repr. See :mod:`quiver.serving.auth`.
+        auth_predict: ``/v1/predict`` needs the token too (default False: reads are open).
     """
 
     max_request_nodes: int = 1024
@@ -98,6 +103,8 @@ class ServeConfig:
     read_timeout_s: float = 5.0
     shutdown_timeout_s: float = 5.0
     docs: bool = False
+    auth_token: str | None = field(default=None, repr=False)
+    auth_predict: bool = False
 
     @property
     def batch_cap_on(self) -> bool:

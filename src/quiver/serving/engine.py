@@ -283,6 +283,10 @@ class Engine:
     def queue_depth(self) -> int:
         return self.batcher.depth()
 
+    def pending(self) -> int:
+        """Requests admitted and not answered yet (queued or in a batch)."""
+        return self.batcher.pending()
+
     def refusal(self) -> str | None:
         """Why a request arriving now would get 429 (None: it would be admitted); counted.
 
@@ -412,7 +416,14 @@ class Engine:
                 raise
 
     def _shed(self, batch: Batch, now: float) -> Batch | None:
-        """Answer requests that queued too long with ``Overloaded``; the rest of the batch runs."""
+        """Answer requests that queued too long with ``Overloaded``; the rest of the batch runs.
+
+        Only while other requests wait behind this batch: shedding makes room for them, and
+        with none (a busy host, not a busy server, made this one late) it would refuse a
+        request an idle server is about to answer; it is answered, marked late.
+        """
+        if self.batcher.pending() <= len(batch.requests):
+            return batch
         flags = [self.batcher.too_late(r, now) for r in batch.requests]  # once: the bound moves
         if not any(flags):
             return batch

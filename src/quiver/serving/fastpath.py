@@ -26,6 +26,7 @@ import json
 import math
 import time
 
+from quiver.serving.auth import UNAUTHORISED, authorised
 from quiver.serving.batcher import Overloaded, ShuttingDown
 from quiver.serving.config import OUTPUTS
 
@@ -150,6 +151,12 @@ class PredictFastPath:
         if scope["type"] != "http" or scope["path"] != self.path or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
+        cfg = self.engine.cfg
+        if getattr(cfg, "auth_predict", False) and not authorised(
+            (_header(scope, b"authorization") or b"").decode("latin-1"), cfg.auth_token
+        ):  # before reading the body: an unauthorised client costs no parsing
+            await _respond(send, 401, {"error": UNAUTHORISED}, [(b"www-authenticate", b"Bearer")])
+            return
         ctype = _header(scope, b"content-type")
         if ctype is None or ctype.split(b";", 1)[0].strip().lower() != b"application/json":
             got = "none" if ctype is None else repr(ctype.decode("latin-1"))
@@ -215,9 +222,9 @@ class PredictFastPath:
         return {"error": f"request body too large: {got}; at most {self.limit_bytes} bytes"}
 
 
-async def _respond(send, status: int, payload: dict) -> None:
+async def _respond(send, status: int, payload: dict, extra=()) -> None:
     data = dumps(payload)
-    headers = [*_JSON_HEADERS, (b"content-length", b"%d" % len(data))]
+    headers = [*_JSON_HEADERS, (b"content-length", b"%d" % len(data)), *extra]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
 

@@ -235,16 +235,17 @@ def engine_target(engine) -> Target:
     return send
 
 
-async def http_target(url: str, connections: int = 512):
+async def http_target(url: str, connections: int = 512, token: str | None = None):
     """A target posting to ``{url}/v1/predict``; returns ``(send, aclose)``. Call in a loop.
 
     Uses the lean keep-alive client of ``quiver.serving.rawclient`` (as ``run_open_loop_http``
     does), so the generator costs far less CPU than the server it measures when both share the
-    cores; ``connections`` caps the open connections.
+    cores; ``connections`` caps the open connections; ``token`` is sent as a Bearer token
+    (a server started with ``--auth predict``).
     """
     from quiver.serving.rawclient import RawHTTPPool
 
-    host, port, encode = _predict_endpoint(url)
+    host, port, encode = _predict_endpoint(url, token)
     pool = RawHTTPPool(host, port, max_connections=connections)
 
     async def send(nodes: list[int]) -> str:
@@ -259,7 +260,7 @@ async def http_target(url: str, connections: int = 512):
     return send, close
 
 
-def _predict_endpoint(url: str):
+def _predict_endpoint(url: str, token: str | None = None):
     """``(host, port, encode)`` for ``{url}/v1/predict``; ``encode(nodes)`` gives request bytes."""
     import json
     from urllib.parse import urlsplit
@@ -271,7 +272,7 @@ def _predict_endpoint(url: str):
     path = parts.path.rstrip("/") + "/v1/predict"
 
     def encode(nodes: list[int]) -> bytes:
-        return encode_post(f"{host}:{port}", path, json.dumps({"nodes": nodes}).encode())
+        return encode_post(f"{host}:{port}", path, json.dumps({"nodes": nodes}).encode(), token)
 
     return host, port, encode
 

@@ -25,10 +25,12 @@ Callback = Callable[[int, bytes], None]
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)", re.IGNORECASE)
 
 
-def encode_post(host: str, path: str, body: bytes) -> bytes:
-    """The bytes of one ``POST path`` with a JSON body, ready to write to a connection."""
+def encode_post(host: str, path: str, body: bytes, token: str | None = None) -> bytes:
+    """The bytes of one ``POST path`` with a JSON body, ready to write to a connection (with
+    ``Authorization: Bearer token`` when given)."""
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
     return (
-        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n{auth}"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
 

@@ -7,6 +7,11 @@ engine ever sees them, and that wait is invisible to it. Event-loop lag, how lat
 fires, is the standard signal for that state (Fastify's ``under-pressure``, Node's
 ``toobusy``): while it exceeds a bound, prediction requests are refused before their body is
 parsed, which costs a fraction of serving them and lets the backlog drain.
+
+Lag alone does not decide: a host busy with other work (another process, a CPU-bound thread)
+delays the loop's timers too, and refusing then would turn away requests an idle server can
+answer at once. So a request is refused only while the server is behind on work of its own:
+another request is inside the front end, or the engine has requests queued or in flight.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ class LoopLagShedder:
         on_reject: called once per refused request (e.g. a metrics counter).
         lag: the :class:`LoopLag` to read (shared with the fast path, which excuses the time it
             spends refusing bad requests); default a new one.
+        pending: returns how many requests the engine has queued or in flight (default: none
+            counted); with none there and no other request inside the front end, a request
+            is never refused, whatever the lag.
 
     A refusal does not read the body: the HTTP server discards what the client still sends
     (uvicorn does, and keeps the connection), so refusing a large body costs no more than a
@@ -76,8 +84,11 @@ class LoopLagShedder:
         interval_s=0.01,
         on_reject=None,
         lag: LoopLag | None = None,
+        pending=None,
     ):
         self.app = app
+        self.pending = pending
+        self._active = 0  # requests on self.path inside the wrapped app now
         self.max_lag_s = max_lag_s
         self.path = path
         self.on_reject = on_reject
@@ -88,17 +99,26 @@ class LoopLagShedder:
         """The current lag estimate in seconds."""
         return self.lag.lag_s
 
+    def behind(self) -> bool:
+        """Whether the server has work of its own: a request inside the front end or the
+        engine's queue. Without any, lag is the host's, not this server's."""
+        return self._active > 0 or (self.pending is not None and self.pending() > 0)
+
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            self.lag.ensure_running()
-            if (
-                self.max_lag_s is not None
-                and scope.get("path") == self.path
-                and self.lag.lag_s > self.max_lag_s
-            ):
-                await self._refuse(send)
-                return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope.get("path") != self.path:
+            if scope["type"] == "http":
+                self.lag.ensure_running()
+            await self.app(scope, receive, send)
+            return
+        self.lag.ensure_running()
+        if self.max_lag_s is not None and self.lag.lag_s > self.max_lag_s and self.behind():
+            await self._refuse(send)
+            return
+        self._active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._active -= 1
 
     async def _refuse(self, send) -> None:
         if self.on_reject is not None:

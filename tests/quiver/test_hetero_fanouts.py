@@ -1,0 +1,85 @@
+"""The hetero server refuses fanouts that do not match the model's hops, in one line."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from quiver.hetero import HeteroServer
+from quiver.hetero.model import hetero_hops
+from quiver.hetero.synthetic import mag_like
+from quiver.serving import ServeConfig
+from quiver.usermodel import save_model
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A tiny MAG-like directory and a 2-layer HeteroConv checkpoint."""
+    from quiver.hetero import examples
+
+    root = tmp_path_factory.mktemp("fan")
+    g = mag_like(0.002, seed=1)
+    g.save(root / "mag")
+    kw = dict(
+        num_nodes=g.num_nodes,
+        in_dims={t: int(x.shape[1]) for t, x in g.features.items()},
+        edge_types=[list(e) for e in g.edge_types],
+        hidden=8,
+        out_dim=5,
+        num_layers=2,
+        target="paper",
+    )
+    torch.manual_seed(0)
+    module = examples.hetero_sage(**kw)
+    save_model(root / "m.pt", module, "quiver.hetero.examples:hetero_sage", kw, fanouts=[-1, -1])
+    return root / "mag", root / "m.pt", module, kw
+
+
+def test_hops_are_counted_per_layer_not_per_relation(served):
+    from quiver.hetero import examples
+
+    _, _, module, kw = served
+    assert hetero_hops(module) == 2
+    assert hetero_hops(examples.rgcn(**{**kw, "num_layers": 3})) == 3
+
+
+@pytest.mark.parametrize("fanouts", [[-1], "-1", [-1, -1, -1], "4,2,1"])
+def test_too_few_or_too_many_fanouts_are_refused(served, fanouts):
+    d, ckpt, _, _ = served
+    with pytest.raises(ValueError, match="but the model has 2 message-passing layers"):
+        HeteroServer.from_dataset(d, ckpt, ServeConfig(), fanouts=fanouts, trust_pickle=True)
+
+
+def test_matching_fanouts_still_serve(served):
+    d, ckpt, _, _ = served
+    with HeteroServer.from_dataset(
+        d, ckpt, ServeConfig(), fanouts="4,2", trust_pickle=True, seed=0, updates=False
+    ) as srv:
+        assert srv.predict("paper", [0, 1]).values.shape[0] == 2
+
+
+def test_the_cli_refuses_in_one_line(served):
+    d, ckpt, _, _ = served
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "quiver.cli",
+            "serve",
+            str(d),
+            "--checkpoint",
+            str(ckpt),
+            "--trust-pickle",
+            "--fanouts",
+            "-1",
+            "--port",
+            "8799",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode != 0
+    assert "Traceback" not in r.stderr
+    assert "but the model has 2 message-passing layers" in r.stderr
