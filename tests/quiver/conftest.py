@@ -1,5 +1,7 @@
 """Fixtures shared by the Quiver tests: a small serving world (graph, features, model, sampler)."""
 
+import os
+import sys
 from types import SimpleNamespace
 
 import numpy as np
@@ -9,6 +11,9 @@ import torch
 from quiver import CSRTopo
 from quiver.models import ModelConfig, build_model
 from quiver.pyg import GraphSageSampler
+
+# shared test modules of this directory (``hetero_cases``) import by name under importlib mode
+sys.path.insert(0, os.path.dirname(__file__))
 
 
 def small_world(num_nodes=300, in_degree=3, fanouts=(4, 4), seed=0, dim=8, classes=4):

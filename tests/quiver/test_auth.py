@@ -8,19 +8,16 @@ import sys
 
 import httpx
 import pytest
-import torch
+from hetero_cases import FACTORY, mag_sage
 
-from quiver.hetero import HeteroServer, mag_like
-from quiver.hetero.examples import hetero_sage
+from quiver.hetero import HeteroServer
 from quiver.hetero.updates import LOG_FILE
 from quiver.serving import Engine, ServeConfig
 from quiver.serving.app import create_app
 from quiver.serving.auth import ENV_VAR, authorised, check_open_writes, is_loopback, load_token
 from quiver.serving.client import Client, ServerError
 from quiver.serving.http import HTTPThread
-from quiver.usermodel import save_model
 
-FACTORY = "quiver.hetero.examples:hetero_sage"
 TOKEN = "s3cret-token"
 EDGE = {"op": "add_edges", "edge_type": "paper__cites__paper", "src": [1], "dst": [2]}
 
@@ -59,21 +56,8 @@ def test_open_writes_beyond_loopback_are_refused_in_one_line():
 @pytest.fixture(scope="module")
 def hetero(tmp_path_factory):
     """A tiny hetero directory and checkpoint; one server per auth mode is started by tests."""
-    root = tmp_path_factory.mktemp("auth")
-    g = mag_like(0.001, seed=3)
-    d = g.save(root / "ds")
-    kw = dict(
-        num_nodes=g.num_nodes,
-        in_dims={t: int(x.shape[1]) for t, x in g.features.items()},
-        edge_types=[list(e) for e in g.edge_types],
-        hidden=8,
-        out_dim=4,
-        num_layers=2,
-        target="paper",
-    )
-    torch.manual_seed(0)
-    save_model(root / "m.pt", hetero_sage(**kw), FACTORY, kw, fanouts=[-1, -1])
-    return d, root / "m.pt"
+    _, d, _, _, ckpt = mag_sage(tmp_path_factory.mktemp("auth"))
+    return d, ckpt
 
 
 def _log(d) -> bytes:

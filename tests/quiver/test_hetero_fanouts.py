@@ -4,36 +4,20 @@ import subprocess
 import sys
 
 import pytest
-import torch
+from hetero_cases import mag_sage
 
 from quiver.hetero import HeteroServer
 from quiver.hetero.model import hetero_hops
-from quiver.hetero.synthetic import mag_like
 from quiver.serving import ServeConfig
-from quiver.usermodel import save_model
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """A tiny MAG-like directory and a 2-layer HeteroConv checkpoint."""
-    from quiver.hetero import examples
-
-    root = tmp_path_factory.mktemp("fan")
-    g = mag_like(0.002, seed=1)
-    g.save(root / "mag")
-    kw = dict(
-        num_nodes=g.num_nodes,
-        in_dims={t: int(x.shape[1]) for t, x in g.features.items()},
-        edge_types=[list(e) for e in g.edge_types],
-        hidden=8,
-        out_dim=5,
-        num_layers=2,
-        target="paper",
+    _, d, module, kw, ckpt = mag_sage(
+        tmp_path_factory.mktemp("fan"), scale=0.002, seed=1, out_dim=5
     )
-    torch.manual_seed(0)
-    module = examples.hetero_sage(**kw)
-    save_model(root / "m.pt", module, "quiver.hetero.examples:hetero_sage", kw, fanouts=[-1, -1])
-    return root / "mag", root / "m.pt", module, kw
+    return d, ckpt, module, kw
 
 
 def test_hops_are_counted_per_layer_not_per_relation(served):

@@ -16,32 +16,17 @@ import time
 import numpy as np
 import pytest
 import torch
+from hetero_cases import FACTORY, mag_sage
 
 from quiver.hetero import HeteroGraph, HeteroServer, mag_like
-from quiver.hetero.examples import hetero_sage
 from quiver.hetero.updates import LOG_FILE, LiveGraph, UpdateError
 from quiver.serving.config import ServeConfig
 from quiver.usermodel import save_model
 
-FACTORY = "quiver.hetero.examples:hetero_sage"
-
 
 def _dataset(tmp_path, seed=3):
-    g = mag_like(0.001, seed=seed)
-    d = g.save(tmp_path / "ds")
-    kw = dict(
-        num_nodes={t: n + 64 for t, n in g.num_nodes.items()},  # room for added nodes' embeddings
-        in_dims={t: int(x.shape[1]) for t, x in g.features.items()},
-        edge_types=[list(e) for e in g.edge_types],
-        hidden=8,
-        out_dim=4,
-        num_layers=2,
-        target="paper",
-    )
-    torch.manual_seed(0)
-    module = hetero_sage(**kw)
-    save_model(tmp_path / "m.pt", module, FACTORY, kw, fanouts=[-1, -1])
-    return g, d, module, tmp_path / "m.pt"
+    g, d, module, _, ckpt = mag_sage(tmp_path, seed=seed, room=64)  # room: added nodes' rows
+    return g, d, module, ckpt
 
 
 def _full(module, g: HeteroGraph, ids):

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import httpx
 import pytest
-import torch
+from hetero_cases import FACTORY, mag_sage
 
-from quiver.hetero import HeteroServer, mag_like
-from quiver.hetero.examples import hetero_sage
+from quiver.hetero import HeteroServer
 from quiver.hetero.updates import LOG_FILE
 from quiver.serving.config import ServeConfig
-from quiver.usermodel import save_model
 
-FACTORY = "quiver.hetero.examples:hetero_sage"
 ROOM = 4  # embedding rows beyond the graph's authors: room for 4 new ones
 LIMIT = 8192
 
@@ -23,22 +20,9 @@ LIMIT = 8192
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """One server for every test here (start-up is the slow part)."""
-    root = tmp_path_factory.mktemp("val")
-    g = mag_like(0.001, seed=3)
-    d = g.save(root / "ds")
-    kw = dict(
-        num_nodes={t: n + ROOM for t, n in g.num_nodes.items()},
-        in_dims={t: int(x.shape[1]) for t, x in g.features.items()},
-        edge_types=[list(e) for e in g.edge_types],
-        hidden=8,
-        out_dim=4,
-        num_layers=2,
-        target="paper",
-    )
-    torch.manual_seed(0)
-    save_model(root / "m.pt", hetero_sage(**kw), FACTORY, kw, fanouts=[-1, -1])
+    g, d, _, _, ckpt = mag_sage(tmp_path_factory.mktemp("val"), room=ROOM)
     srv = HeteroServer.from_dataset(
-        d, root / "m.pt", ServeConfig(max_body_bytes=LIMIT), model=FACTORY, seed=0
+        d, ckpt, ServeConfig(max_body_bytes=LIMIT), model=FACTORY, seed=0
     )
     srv.start(port=0)
     with httpx.Client(base_url=srv.url, timeout=30) as client:

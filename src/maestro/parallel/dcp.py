@@ -197,7 +197,7 @@ def _metadata(path: Path):
 
 
 def _meta(path: Path) -> dict:
-    from maestro.runtime.checkpoint import safe_load
+    from maestro.serialization import safe_load
 
     return safe_load(Path(path) / META)
 

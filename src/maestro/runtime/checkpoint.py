@@ -32,7 +32,6 @@ import hashlib
 import io
 import json
 import os
-import pickle
 import random
 import re
 import shutil
@@ -43,6 +42,7 @@ from pathlib import Path
 import torch
 
 from maestro.config import TrainConfig
+from maestro.serialization import safe_load
 
 #: complete checkpoints kept in the directory (older ones are pruned after a new manifest)
 KEEP = 2
@@ -244,25 +244,6 @@ def verify(d: Path, next_step: int) -> str | None:
         if path.stat().st_size != want["bytes"] or _sha256(path) != want["sha256"]:
             return f"{f} does not match the manifest (truncated or corrupted)"
     return None
-
-
-def safe_load(path: str | Path) -> object:
-    """``torch.load`` of a file Maestro wrote, refusing anything that could run code.
-
-    Loads with ``weights_only=True``: tensors, containers and plain scalars only (what
-    Maestro writes: module and optimizer state dicts, RNG states, its own records).
-    A checkpoint from someone else that pickles a callable would otherwise execute it
-    on load, so such a file raises ``ValueError`` naming it and nothing in it runs.
-    """
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()
-        why = next((ln for ln in first if "GLOBAL" in ln or "Unsupported" in ln), "")
-        raise ValueError(
-            f"refusing to load checkpoint file {path}: it needs objects beyond tensors and "
-            f"plain containers, which could run code ({why.strip() or 'unsafe pickle'})"
-        ) from None
 
 
 @dataclass
