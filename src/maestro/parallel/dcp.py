@@ -32,6 +32,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
+from maestro.serialization import safe_load
+
 META = "maestro.pt"
 
 
@@ -197,8 +199,6 @@ def _metadata(path: Path):
 
 
 def _meta(path: Path) -> dict:
-    from maestro.serialization import safe_load
-
     return safe_load(Path(path) / META)
 
 

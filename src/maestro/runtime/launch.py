@@ -715,7 +715,6 @@ def _parent_state(method: str):
     path, captured output). ``None`` under spawn, which passes them itself."""
     import sys
 
-    _append_own_output()
     if method != "forkserver":
         return None
     return {"env": dict(os.environ), "path": list(sys.path), "cwd": os.getcwd(), "pid": os.getpid()}
@@ -861,6 +860,7 @@ def _launch(config, nproc: int, opts: RunOptions, timeout_s: float, method: str)
 
     from maestro.runtime.failures import Stopped
 
+    _append_own_output()  # before the ranks share these handles
     with tempfile.TemporaryDirectory() as tmp, _stop_on_signals():
         result_path = opts.result or str(Path(tmp) / "result.json")
         run_opts = RunOptions(**{**opts.__dict__, "result": result_path})
