@@ -22,6 +22,8 @@ Steps, every one bounded in count and time (the expected duration is printed fir
    rate are within `--tol`. The requests of a rate (sizes 1-64 uniform, uniform ids, Poisson
    arrivals) depend only on the rate and `--seed`, so every system runs the same ones;
 5. per run: the best configuration of each system per bound and per light rate, the ratios;
+   then (`--read-rate`, `--only-updates`) Quiver's read p50/p99 at a fixed rate without and
+   with `--update-rate` durable updates/s on a copy of the dataset, and their p99 ratio;
    over runs: the median of each ratio, and the issue's targets as PASS / FAIL lines. Every
    table is printed with the CPU model and the load average. CSV, a latency-vs-throughput PNG
    (first run) and a JSON summary go under `--out`.
@@ -137,6 +139,19 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0, help="dataset, requests and sampling seed (0)")
     p.add_argument("--skip-verify", action="store_true", help="skip the equal-logits check")
     p.add_argument("--out", default="data/serving-bench", help="output directory")
+    p.add_argument(
+        "--read-rate",
+        type=float,
+        default=20.0,
+        help="the read-under-updates row: Quiver's reads/s, without then with updates (20; 0 "
+        "skips the row)",
+    )
+    p.add_argument("--update-rate", type=float, default=100.0, help="updates/s of that row (100)")
+    p.add_argument(
+        "--only-updates",
+        action="store_true",
+        help="run only the read-under-updates row (dataset and checkpoint as usual)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.runs = 1
@@ -189,6 +204,88 @@ def ensure_checkpoint(args, data: Path) -> Path:
     _, report = train_model(ds, cfg, out=ckpt)
     print(f"checkpoint: {ckpt} ({report})")
     return ckpt
+
+
+def updates_row(args, data: Path, ckpt: Path) -> dict:
+    """Read p50/p99 at ``--read-rate`` without, then with, ``--update-rate`` durable updates/s
+    (add_edges and set_features alternating, each fsynced to the log before it is answered),
+    on one Quiver server with updates on. It runs on a copy of the dataset (the updates stay
+    out of ``data``)."""
+    import asyncio
+    import shutil
+    import threading
+
+    from quiver.serving.config import ServeConfig
+    from quiver.serving.loadgen import RequestMix, engine_target, run_open_loop
+    from quiver.serving.server import Server
+
+    work = data.with_name(data.name + "-updates")
+    if work.exists():
+        shutil.rmtree(work)
+    shutil.copytree(data, work, ignore=shutil.ignore_patterns("updates.log", ".serving.lock"))
+    n_nodes = json.loads((work / "manifest.json").read_text())["num_nodes"]
+    width = json.loads((work / "manifest.json").read_text())["num_features"]
+    lo, _, hi = args.sizes.partition("-")
+    srv = Server.from_dataset(
+        work, ckpt, ServeConfig(slo_ms=args.slo_ms, num_lanes=2), seed=0, updates=True,
+        fanouts=FANOUTS,
+    )  # fmt: skip
+    srv.start()
+    out = {}
+    try:
+        send = engine_target(srv.engine)
+        mix = RequestMix(n_nodes, int(lo), int(hi or lo))
+        n = max(100, int(args.read_rate * args.duration * 2))
+        for phase in ("without updates", "with updates"):
+            stop, applied, waits = threading.Event(), [0], []
+
+            def writer(stop=stop, applied=applied, waits=waits):
+                rng = np.random.default_rng(1)
+                period, nxt = 1.0 / args.update_rate, time.perf_counter()
+                while not stop.is_set():
+                    nxt += period
+                    t0 = time.perf_counter()
+                    if applied[0] % 2:
+                        a, b = (int(v) for v in rng.integers(n_nodes, size=2))
+                        u = {"op": "add_edges", "src": [a], "dst": [b]}
+                    else:
+                        row = rng.standard_normal((1, width)).tolist()
+                        u = {"op": "set_features", "ids": [int(rng.integers(n_nodes))],
+                             "features": row}  # fmt: skip
+                    srv.update(u)
+                    waits.append(time.perf_counter() - t0)
+                    applied[0] += 1
+                    time.sleep(max(0.0, nxt - time.perf_counter()))
+
+            t = threading.Thread(target=writer) if phase == "with updates" else None
+            t0 = time.perf_counter()
+            if t is not None:
+                t.start()
+            res = asyncio.run(run_open_loop(send, mix.draw(n, seed=7), args.read_rate, seed=8))
+            stop.set()
+            if t is not None:
+                t.join()
+            elapsed = time.perf_counter() - t0
+            out[phase] = {
+                **asdict(res),
+                "updates": applied[0],
+                "updates_per_s": applied[0] / elapsed,
+                "update_p99_ms": float(np.percentile(waits, 99) * 1e3) if waits else None,
+            }
+            print(
+                f"  reads at {args.read_rate:g}/s {phase}: p50 {res.p50_ms:.2f} ms, p99 "
+                f"{res.p99_ms:.2f} ms, {res.errors} errors, {applied[0]} updates "
+                f"({applied[0] / elapsed:.0f}/s)"
+                + (f", update p99 {out[phase]['update_p99_ms']:.2f} ms" if waits else ""),
+                flush=True,
+            )
+        ratio = out["with updates"]["p99_ms"] / out["without updates"]["p99_ms"]
+        out["p99_ratio"] = ratio
+        print(f"  read p99 with / without updates: {ratio:.2f}x", flush=True)
+    finally:
+        srv.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return out
 
 
 def env_python(name: str) -> Path | None:
@@ -711,6 +808,12 @@ def main(argv=None) -> int:
 
     data = ensure_dataset(args)
     ckpt = ensure_checkpoint(args, data)
+    if args.only_updates:
+        print(machine_line())
+        print(f"read-under-updates ({args.update_rate:g} updates/s, 2 lanes):", flush=True)
+        res = updates_row(args, data, ckpt)
+        (out / "updates.json").write_text(json.dumps(res, indent=2) + "\n")
+        return 0
     node_count = json.loads((data / "manifest.json").read_text())["num_nodes"]
     plan = common.Plan(
         rates=rates,
@@ -797,6 +900,10 @@ def main(argv=None) -> int:
         print(f"  {k:<8} {json.dumps(v.get('stage_ms'), default=lambda x: round(x, 2))}")
     if quiver is not None:
         print(f"quiver: {quiver.server.info}")
+    updates = None
+    if args.read_rate > 0 and "quiver" in systems:
+        print(f"\nread-under-updates ({args.update_rate:g} updates/s, 2 lanes):", flush=True)
+        updates = updates_row(args, data, ckpt)
     load_end = os.getloadavg()
     wall = time.perf_counter() - t_start
     print(
@@ -826,6 +933,7 @@ def main(argv=None) -> int:
                 "summaries": summaries,
                 "medians": medians,
                 "runs": runs,
+                "read_under_updates": updates,
                 "loadavg": {"start": load_start, "end": load_end},
                 "wall_s": wall,
             },

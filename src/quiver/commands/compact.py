@@ -1,11 +1,12 @@
-"""``quiver compact DIR``: fold a served heterogeneous dataset's update log into its files.
+"""``quiver compact DIR``: fold a served dataset's update log into its files.
 
 ``quiver serve`` logs every update (``POST /v1/update``) to ``DIR/updates.log`` and replays it
 at start-up; compaction writes the current graph as a new generation of files
 (``DIR/gen-<seq>/``), switches ``manifest.json`` to it atomically and empties the log, so
-start-up stops replaying. Refused while a server holds the directory. Example::
+start-up stops replaying. Homogeneous and heterogeneous datasets alike. Refused while a server
+holds the directory. Example::
 
-    quiver compact data/mag-like
+    quiver compact data/products
 """
 
 from __future__ import annotations
@@ -16,19 +17,25 @@ import argparse
 def register(sub) -> None:
     p = sub.add_parser(
         "compact",
-        help="fold a hetero dataset's update log into its files (not while it is served)",
+        help="fold a dataset's update log into its files (not while it is served)",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("dataset_dir", metavar="DATASET_DIR", help="a `quiver prepare --hetero` dir")
+    p.add_argument(
+        "dataset_dir", metavar="DATASET_DIR", help="a `quiver prepare` dir served with updates"
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from quiver.hetero.updates import compact
+    from quiver.hetero.graph import is_hetero_dir
 
+    if is_hetero_dir(args.dataset_dir):
+        from quiver.hetero.updates import compact
+    else:
+        from quiver.serving.live import compact_homogeneous as compact
     t0 = time.perf_counter()
     folded, seq = compact(args.dataset_dir)
     if folded == 0:

@@ -453,7 +453,19 @@ def run(args: argparse.Namespace) -> int:
             f"{peers.peer_addr} (up to {peers.join_timeout_s:g} s)",
             flush=True,
         )
-    server = Server.from_dataset(**server_kwargs(args), peers=peers)
+    kwargs = server_kwargs(args)
+    # read-only where updates cannot be kept exact: a partition's hosts (an update would have
+    # to reach every host's shard) and a folded first layer (its rows would go stale)
+    why_not = "--read-only" if args.read_only else None
+    if peers is not None:
+        why_not = "--host-rank"
+    elif args.fold_first_layer == "on":
+        why_not = "--fold-first-layer on"
+    updates = why_not is None
+    from quiver.serving.auth import check_open_writes
+
+    check_open_writes(args.host, updates, kwargs["cfg"].auth_token)
+    server = Server.from_dataset(**kwargs, peers=peers, updates=updates)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -462,10 +474,11 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, RuntimeError) as e:
         server.stop()
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {e}") from None
-    print(f"quiver serve: {server.info}")
+    print(f"quiver serve: {server.info}" + ("" if updates else f"; read-only ({why_not})"))
     docs = ", /docs" if args.docs else ""
+    writes = "POST /v1/update, " if updates else ""
     print(
-        f"listening on {server.url}  (POST /v1/predict, GET /healthz, GET /metrics, "
+        f"listening on {server.url}  (POST /v1/predict, {writes}GET /healthz, GET /metrics, "
         f"/openapi.json{docs})",
         flush=True,
     )

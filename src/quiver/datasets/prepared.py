@@ -33,6 +33,7 @@ __all__ = [
     "MANIFEST",
     "PreparedDataset",
     "convert_features",
+    "data_dir",
     "degree_stats",
     "feature_dtype",
     "load_prepared",
@@ -72,6 +73,12 @@ class PreparedDataset:
     manifest: dict = field(default_factory=dict)
     path: Path | None = None
     edge_features: torch.Tensor | None = None
+
+    @property
+    def data_path(self) -> Path | None:
+        """The folder holding the arrays: :attr:`path`, or the generation folder a compaction
+        of served updates switched the manifest to (its ``"data"`` entry)."""
+        return None if self.path is None else data_dir(self.path, self.manifest)
 
     @property
     def num_nodes(self) -> int:
@@ -119,6 +126,16 @@ def _json_default(o):
     if isinstance(o, (np.floating,)):
         return float(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def data_dir(directory, manifest: dict) -> Path:
+    """Where a prepared directory's arrays are: the directory itself, or the generation
+    folder its manifest names (``"data"``, written by ``quiver compact``)."""
+    d = Path(directory)
+    sub = manifest.get("data", ".")
+    if not isinstance(sub, str) or "/" in sub or "\\" in sub or sub.startswith(".."):
+        raise ValueError(f"{d / MANIFEST}: 'data' must name a folder inside {d}, got {sub!r}")
+    return d / sub
 
 
 def update_manifest(directory, **entries) -> dict:
@@ -239,6 +256,7 @@ def load_prepared(directory, mmap: bool = True) -> PreparedDataset:
     if not (d / MANIFEST).exists():
         raise FileNotFoundError(f"{d} has no {MANIFEST}; create it with `quiver prepare`")
     manifest = json.loads((d / MANIFEST).read_text())
+    top, d = d, data_dir(d, manifest)
     for name in ("features.npy", "labels.npy"):
         if not (d / name).exists():
             raise FileNotFoundError(f"missing {name} in {d}")
@@ -277,7 +295,7 @@ def load_prepared(directory, mmap: bool = True) -> PreparedDataset:
         splits[name] = (
             torch.from_numpy(np.load(p)) if p.exists() else torch.empty(0, dtype=torch.long)
         )
-    return PreparedDataset(topo, features, labels, splits, manifest, d, edge_features)
+    return PreparedDataset(topo, features, labels, splits, manifest, top, edge_features)
 
 
 def feature_dtype(manifest: dict) -> str:
@@ -305,6 +323,7 @@ def convert_features(directory, dtype: str, chunk_rows: int = 1 << 16) -> dict:
     old = feature_dtype(manifest)
     if old == dtype:
         return manifest
+    top, d = d, data_dir(d, manifest)
     src = np.load(d / "features.npy", mmap_mode="r")
     tmp = d / ".features.npy.tmp"
     out = np.lib.format.open_memmap(
@@ -321,4 +340,4 @@ def convert_features(directory, dtype: str, chunk_rows: int = 1 << 16) -> dict:
     out.flush()
     del out, src
     tmp.replace(d / "features.npy")
-    return update_manifest(d, dtypes={**manifest.get("dtypes", {}), "features": dtype})
+    return update_manifest(top, dtypes={**manifest.get("dtypes", {}), "features": dtype})

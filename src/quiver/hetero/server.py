@@ -14,7 +14,6 @@ Sampling runs on the CPU: the typed sampler has no GPU path yet, so PSGS only si
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Literal
@@ -37,6 +36,7 @@ from quiver.hetero.workload import hetero_fap, hetero_psgs, hot_rows, relation_e
 from quiver.serving.config import ServeConfig
 from quiver.serving.engine import Engine
 from quiver.serving.fastpath import CountErrors, answer
+from quiver.serving.update_route import add_update_route, graph_gauges, read_json, unauthorised
 
 __all__ = ["HeteroServer", "TypeSampler", "create_hetero_app"]
 
@@ -364,40 +364,8 @@ class HeteroServer:
                     name = f"{name}{{{label}}}"
                 lines.append(f"{name} {rest}")
         if self.live is not None:
-            stats = self.live.stats()
-            nodes, edges = stats["num_nodes"].items(), stats["num_edges"].items()
-            lines += [
-                "# HELP quiver_graph_nodes Nodes per type in the served (live) graph.",
-                "# TYPE quiver_graph_nodes gauge",
-                *(f'quiver_graph_nodes{{node_type="{t}"}} {n}' for t, n in nodes),
-                "# HELP quiver_graph_edges Edges per relation in the served (live) graph.",
-                "# TYPE quiver_graph_edges gauge",
-                *(f'quiver_graph_edges{{edge_type="{t}"}} {n}' for t, n in edges),
-                "# HELP quiver_update_log_records Updates logged since the last compaction.",
-                "# TYPE quiver_update_log_records gauge",
-                f"quiver_update_log_records {stats['log_records']}",
-            ]
+            lines += graph_gauges(self.live.stats())
         return "\n".join(lines) + "\n"
-
-
-async def _read_json(request, limit: int):
-    """``(200, parsed body)`` or ``(status, message)``: 415 not JSON, 413 over ``limit`` (from
-    the declared length before reading, or while reading), 400 malformed."""
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
-    if ctype not in ("application/json", ""):
-        return 415, f"content-type {ctype!r}: send application/json"
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return 413, f"body of {declared} bytes over the {limit}-byte limit"
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            return 413, f"body over the {limit}-byte limit"
-    try:
-        return 200, json.loads(body)
-    except (ValueError, RecursionError) as e:
-        return 400, f"malformed JSON: {e}"
 
 
 def create_hetero_app(server: HeteroServer):
@@ -435,24 +403,12 @@ def create_hetero_app(server: HeteroServer):
     def error(status: int, msg: str) -> JSONResponse:
         return JSONResponse(status_code=status, content={"error": msg})
 
-    def unauthorised(request: Request) -> JSONResponse | None:
-        """401 before the body is read when the request lacks the token (nothing applied)."""
-        from quiver.serving.auth import UNAUTHORISED, authorised
-
-        if authorised(request.headers.get("authorization"), cfg.auth_token):
-            return None
-        return JSONResponse(
-            status_code=401,
-            content={"error": UNAUTHORISED},
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-
     @app.post("/v1/predict")
     async def predict(request: Request):
         """Predict for nodes of one type (see the module docstring)."""
-        if cfg.auth_predict and (denied := unauthorised(request)) is not None:
+        if cfg.auth_predict and (denied := unauthorised(request, cfg.auth_token)) is not None:
             return denied
-        status, data = await _read_json(request, cfg.max_body_bytes)
+        status, data = await read_json(request, cfg.max_body_bytes)
         if status != 200:
             return error(status, data)
         try:
@@ -477,23 +433,7 @@ def create_hetero_app(server: HeteroServer):
             payload["node_type"] = req.node_type or next(iter(server.engines))
         return JSONResponse(status_code=status, content=payload)
 
-    @app.post("/v1/update")
-    async def update(request: Request):
-        """Apply one update (add_nodes, add_edges, remove_edges, set_features); answered once
-        it is fsynced to the update log and visible to the next batch."""
-        from quiver.hetero.updates import UpdateError
-
-        if (denied := unauthorised(request)) is not None:
-            return denied
-        # the documented limit, as for predict: a larger update is split by the client
-        status, data = await _read_json(request, cfg.max_body_bytes)
-        if status != 200:
-            return error(status, data)
-        try:
-            result = await asyncio.to_thread(server.update, data)
-        except UpdateError as e:
-            return error(e.status, str(e))
-        return JSONResponse(status_code=200, content=result)
+    add_update_route(app, cfg, server.update)
 
     @app.get("/healthz")
     async def healthz():

@@ -63,7 +63,13 @@ def dataset_lock(directory):
     """An exclusive ``flock`` on the dataset directory (held by a serving process), or a
     ``ValueError`` naming the holder."""
     path = Path(directory) / LOCK_FILE
-    f = open(path, "a+")  # noqa: SIM115 - held for the process's life
+    try:
+        f = open(path, "a+")  # noqa: SIM115 - held for the process's life
+    except OSError as e:
+        raise ValueError(
+            f"{directory}: cannot write the update lock and log there ({e.strerror}); serve it "
+            "with --read-only"
+        ) from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -181,7 +187,12 @@ class _LiveRelation:
         self.p_indices = np.zeros(0, dtype=np.int64)
         self.p_eid = np.zeros(0, dtype=np.int64)
         self.p_used = 0
-        self.next_eid = self.indices.shape[0]
+        # the first id an added edge gets: past every base edge id and every base feature row
+        # (with deduplicated input edges, ids can exceed the CSR's slot count)
+        top = int(self.eid.max()) + 1 if self.eid.shape[0] else 0
+        rows = 0 if efeat is None else int(efeat.shape[0])
+        self.first_new_eid = max(self.indices.shape[0], top, rows)
+        self.next_eid = self.first_new_eid
 
     def row(self, v: int) -> tuple[np.ndarray, np.ndarray]:
         """``(sources, edge ids)`` of destination ``v`` in the current version."""
@@ -212,7 +223,7 @@ class _LiveRelation:
 
     def gather_edges(self, eids: torch.Tensor) -> torch.Tensor:
         """``[len(eids), D]`` edge features (base rows or added edges' rows)."""
-        base_e = self.indices.shape[0]
+        base_e = self.first_new_eid
         if self.e_used == 0:
             return self.efeat[eids]
         new = eids >= base_e
@@ -293,7 +304,9 @@ class _LiveFeatures:
             out = self.table[base_ids].clone()
         else:
             out = torch.empty(n, self.width, dtype=self.over_rows.dtype)
-        out[torch.from_numpy(hit)] = self.over_rows[torch.from_numpy(pos[hit])].to(out.dtype)
+        # new and replaced rows live in host memory; the base rows may come from a device cache
+        rows = self.over_rows[torch.from_numpy(pos[hit])].to(device=out.device, dtype=out.dtype)
+        out[torch.from_numpy(hit).to(out.device)] = rows
         return out
 
     def set_rows(self, ids: np.ndarray, rows: torch.Tensor) -> None:

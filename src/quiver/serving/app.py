@@ -79,8 +79,13 @@ class HealthResponse(BaseModel):
     """Body of ``GET /healthz``."""
 
     status: Literal["ok"] = Field(..., description="always ok while the server answers")
-    node_count: int = Field(..., description="nodes of the served graph")
+    node_count: int = Field(..., description="nodes of the served graph (live: after updates)")
     queue_depth: int = Field(..., description="requests admitted and not yet batched")
+    edge_count: int | None = Field(None, description="edges of the live graph (updates on)")
+    update_seq: int | None = Field(None, description="the last update applied (updates on)")
+    update_log_records: int | None = Field(
+        None, description="updates logged since the last compaction (updates on)"
+    )
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -122,8 +127,13 @@ def offline_docs_app():
     return FastAPIOffline
 
 
-def create_app(engine: Engine) -> FastAPI:
+def create_app(engine: Engine, update=None) -> FastAPI:
     """Build the FastAPI app serving ``engine`` (the caller starts and stops the engine).
+
+    ``update(record) -> dict`` (a ``quiver.Server``'s :meth:`~quiver.Server.update`) serves
+    ``POST /v1/update`` (``quiver.serving.update_route``); without it the route answers 404.
+    With a live graph (``engine.live``), ``/healthz`` and ``/metrics`` report its node and edge
+    counts and the update log's length.
 
     ``app.state.serve_config`` (the engine's ``ServeConfig``) and ``app.state.on_http_error``
     (counts a status in ``/metrics``) tell ``quiver.serving.http.HTTPThread`` the read timeout
@@ -206,11 +216,21 @@ def create_app(engine: Engine) -> FastAPI:
     @app.get("/healthz", responses={200: {"model": HealthResponse, "description": "serving"}})
     async def healthz():
         """Liveness and load: the served graph's node count and the admission queue's depth."""
-        return {
+        body = {
             "status": "ok",
             "node_count": engine.node_count,
             "queue_depth": engine.queue_depth(),
         }
+        live = getattr(engine, "live", None)
+        if live is not None:
+            from quiver.serving.live import NODE
+
+            stats = live.stats()  # one version: the counts agree with each other
+            body["node_count"] = stats["num_nodes"][NODE]
+            body["edge_count"] = sum(stats["num_edges"].values())
+            body["update_seq"] = stats["seq"]
+            body["update_log_records"] = stats["log_records"]
+        return body
 
     @app.get(
         "/metrics",
@@ -221,6 +241,16 @@ def create_app(engine: Engine) -> FastAPI:
         """Prometheus metrics: request latency histogram, per-stage times, queue depth, the
         overload state, batches by lane, path and size, feature rows per tier, rejected
         requests by reason and HTTP errors by status."""
-        return Response(engine.metrics.render(), media_type="text/plain; version=0.0.4")
+        text = engine.metrics.render()
+        live = getattr(engine, "live", None)
+        if live is not None:
+            from quiver.serving.update_route import graph_gauges
 
+            text += ("\n".join(graph_gauges(live.stats())) + "\n").encode()
+        return Response(text, media_type="text/plain; version=0.0.4")
+
+    if update is not None:
+        from quiver.serving.update_route import add_update_route
+
+        add_update_route(app, cfg, update)
     return app

@@ -108,6 +108,10 @@ class Engine:
             meanwhile, the sampled batch goes to the model thread and the batcher returns to
             batching. Under load (a batch in flight) batches take the overlapped pipeline.
             ``self.lanes`` counts batches per lane.
+        live: a ``quiver.hetero.updates.LiveGraph`` of one node type (a homogeneous graph
+            taking updates, ``quiver.serving.live``): each batch samples and gathers from the
+            one version current when it starts (``sampler.sample(seeds, version)``, the rows
+            from ``version``); ``features`` is then the base store (its cache statistics).
 
     Set ``engine.trace = []`` to record every answered batch's stage timestamps (benchmarks).
     """
@@ -122,8 +126,12 @@ class Engine:
         psgs_table=None,
         record: bool = False,
         fast_lane: bool | None = None,
+        live=None,
     ):
         self.cfg = cfg or ServeConfig()
+        #: a live graph (``quiver.serving.live.open_live``): the sampler then takes the
+        #: version as its second argument and the rows are gathered from that same version
+        self.live = live
         self.sampler = sampler
         self.features = features
         self._gather_layer = getattr(features, "gather_layer", None)
@@ -191,8 +199,8 @@ class Engine:
         if self.node_count == 0:
             return
         torch.set_num_threads(self.cfg.torch_threads)
-        n_id, _, adjs = self.sampler.sample(torch.tensor([int(node)], dtype=torch.int64))
-        self._forward(*self.gather_inputs(n_id, adjs))
+        *_, x, adjs, _ = self._sample_gather(torch.tensor([int(node)], dtype=torch.int64))
+        self._forward(x, adjs)
 
     def gather_inputs(self, n_id, adjs) -> tuple:
         """``(model input, hops the model runs)`` of a sampled batch: the gathered rows and
@@ -201,6 +209,21 @@ class Engine:
             with torch.inference_mode():
                 return self._gather_layer(n_id, adjs)
         return self.features[n_id], adjs
+
+    def _sample_gather(self, seeds: torch.Tensor):
+        """``(n_id, batch_size, adjs, model input, hops the model runs, time sampled)`` of
+        ``seeds``: sampled and gathered from one graph (one version of a live graph)."""
+        if self.live is None:
+            n_id, batch_size, adjs = self.sampler.sample(seeds)
+            sampled = time.perf_counter()
+            return (n_id, batch_size, adjs, *self.gather_inputs(n_id, adjs), sampled)
+        from quiver.serving.live import NODE
+
+        with self.live.reading() as version:
+            n_id, batch_size, adjs = self.sampler.sample(seeds, version)
+            sampled = time.perf_counter()
+            x = version.features[NODE].gather(n_id)
+            return n_id, batch_size, adjs, x, adjs, sampled
 
     def _forward(self, x, adjs, want_emb: bool = False):
         """``(embedding or None, logits)`` of the seeds, on the model's device."""
@@ -456,8 +479,8 @@ class Engine:
         """``(embedding or None, logits)`` of ``seeds``, sampled, gathered and run here (the
         second half of a split batch, on the splitter thread)."""
         self._own_threads()
-        n_id, _, adjs = self.sampler.sample(seeds)
-        return self._forward(*self.gather_inputs(n_id, adjs), want_emb)
+        *_, x, adjs, _ = self._sample_gather(seeds)
+        return self._forward(x, adjs, want_emb)
 
     def _sample(self, batch: Batch, picked: float, closed: float, split: bool = False) -> _Sampled:
         self._own_threads()
@@ -468,6 +491,7 @@ class Engine:
             and len(unique) >= self.cfg.split_seeds
             and self._in_pipeline == 1  # every other lane is idle: a core to spare
             and self.batcher.depth() == 0
+            and self.live is None  # both halves must read one version of a live graph
         ):
             half = len(unique) // 2
             want_emb = any(r.output == "embedding" for r in batch.requests)
@@ -481,10 +505,8 @@ class Engine:
         if route is not None:  # HybridSampler: routing is deterministic in the batch's PSGS
             path = route(seeds)
             path = path[0] if isinstance(path, tuple) else path
-        n_id, batch_size, adjs = self.sampler.sample(seeds)
+        n_id, batch_size, adjs, x, model_adjs, sampled = self._sample_gather(seeds)
         assert batch_size == len(unique), "sampler must put the seeds first in n_id"
-        sampled = time.perf_counter()
-        x, model_adjs = self.gather_inputs(n_id, adjs)
         if self.record:
             self.recorded.append((seeds, n_id, adjs))
         gathered = time.perf_counter()

@@ -15,6 +15,7 @@ import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from quiver.serving.config import ServeConfig
@@ -39,6 +40,9 @@ class Server:
         self.peers = None
         #: after :meth:`stop`: False when a peer still served (or was lost) past the linger
         self.stopped_cleanly = True
+        #: the live graph (``quiver.serving.live``) when serving with updates, else None
+        self.live = None
+        self._lock = None
 
     @classmethod
     def from_dataset(
@@ -59,6 +63,7 @@ class Server:
         precision: str = "fp32",
         peers=None,
         fold: str = "auto",
+        updates: bool = False,
     ) -> Server:
         """Build a server for a prepared dataset and a model.
 
@@ -113,13 +118,13 @@ class Server:
                 machine with this model, precision and fanouts, so they serve the same
                 logits; re-measuring the precision drops it. ``"on"`` folds or refuses in one
                 line.
+            updates: take updates (``POST /v1/update``, :meth:`update`; see
+                ``quiver.serving.live``), logged durably to the dataset directory's
+                ``updates.log`` and replayed now; the directory is locked against a second
+                server. The folded first layer is then off (``fold="on"`` is refused), sampling
+                runs on the CPU, and ``peers`` is refused.
         """
-        import torch
-
-        from quiver.datasets import load_prepared
         from quiver.precision import PRECISIONS
-        from quiver.pyg import GraphSageSampler
-        from quiver.usermodel import load_served_model
 
         if precision not in PRECISIONS:
             raise ValueError(
@@ -135,13 +140,52 @@ class Server:
         device = device if device is not None else torch.device("cpu")
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"--device {device} requested but CUDA is not available")
+        lock = None
+        if updates:
+            if peers is not None:
+                raise ValueError(
+                    "a partition's host (--host-rank) serves read-only: add --read-only "
+                    "(updates would have to reach every host's shard)"
+                )
+            if fold == "on":
+                raise ValueError(
+                    "--fold-first-layer on cannot take updates (a changed feature or edge would "
+                    "leave folded rows stale): serve with --read-only, or without folding"
+                )
+            from quiver.hetero.updates import dataset_lock
+
+            lock = dataset_lock(dataset_dir)
+            fold = "off"
+        try:
+            return cls._build(
+                dataset_dir, checkpoint, cfg, fanouts, seed, feature_cache, hybrid, device,
+                gpu_cache, sampler_threads, model, trust_pickle, convention, precision, peers,
+                fold, lock,
+            )  # fmt: skip
+        except BaseException:
+            if lock is not None:
+                lock.close()
+            raise
+
+    @classmethod
+    def _build(
+        cls, dataset_dir, checkpoint, cfg, fanouts, seed, feature_cache, hybrid, device,
+        gpu_cache, sampler_threads, model, trust_pickle, convention, precision, peers, fold,
+        lock,
+    ) -> Server:  # fmt: skip
+        """:meth:`from_dataset`'s work, with the dataset directory locked when ``lock``."""
+        from quiver.datasets import load_prepared
+        from quiver.pyg import GraphSageSampler
+        from quiver.usermodel import load_served_model
+
         ds = load_prepared(dataset_dir)
         if ds.features.shape[0] != ds.num_nodes:
             raise ValueError(
-                f"{Path(dataset_dir) / 'features.npy'} has {ds.features.shape[0]} rows but the "
+                f"{ds.data_path / 'features.npy'} has {ds.features.shape[0]} rows but the "
                 f"graph has {ds.num_nodes} nodes"
             )
         net, minfo = load_served_model(checkpoint, model, trust_pickle, convention)
+        served = net  # the ServedModel (before any precision wrapper): its edge feature rows
         edge_info = _use_edge_features(net, ds, dataset_dir, minfo["kind"])
         fanouts = [int(k) for k in (fanouts or minfo["fanouts"] or ds.manifest.get("fanouts"))]
         if any(k == 0 or k < -1 for k in fanouts):
@@ -264,14 +308,23 @@ class Server:
                 num_threads=gather_threads,
             )
             if from_file:
-                path = Path(dataset_dir) / "features.npy"
+                path = ds.data_path / "features.npy"
                 features = store.from_mmap(path, dtype=ds.features.dtype)
             else:
                 features = store.from_cpu_tensor(features)
         sampler = None
         path_info = "CPU sampling (numba threads)"
         calib = ds.manifest.get("calibration")
-        if hybrid and torch.cuda.is_available() and calib:
+        live = None
+        if lock is not None:
+            from quiver.serving.live import LiveEdgeRows, LiveSampler, open_live
+
+            live = open_live(ds, features)  # replays the update log
+            sampler = LiveSampler(sizes, seed=seed, frontier=frontier)
+            path_info = "CPU sampling of the live graph"
+            if getattr(served, "_edges", None) is not None:  # added edges bring their rows
+                served._edges.table = LiveEdgeRows(live)
+        if sampler is None and hybrid and torch.cuda.is_available() and calib:
             from quiver.hybrid import HybridSampler
 
             sampler = HybridSampler(
@@ -294,7 +347,8 @@ class Server:
             from quiver.workload import psgs
 
             psgs_table = psgs(ds.topo, sizes, frontier=frontier).numpy()
-        engine = Engine(sampler, features, net, ds.num_nodes, cfg, psgs_table=psgs_table)
+        node_count = ds.num_nodes if live is None else live.num_nodes["node"]
+        engine = Engine(sampler, features, net, node_count, cfg, psgs_table=psgs_table, live=live)
         name = ds.manifest.get("name", Path(dataset_dir).name)
         extra = f" (+{minfo['extra_hops']} degree hop)" if minfo["extra_hops"] else ""
         info = (
@@ -303,9 +357,49 @@ class Server:
             f"{pad_info}; "
             f"{path_info}; model on {device}; {precision_info}{fold_info}{peer_info}"
         )
+        if live is not None:
+            info += f"; updates on (replayed to seq {live.seq}; no folding)"
         server = cls(engine, info)
         server.peers = peer_features
+        server.live = live
+        server._lock = lock
+        if live is not None:
+            live.listeners.append(server._on_update)
+            server._on_update("add_nodes", {})  # nodes the replayed log added
         return server
+
+    def _on_update(self, op: str, record: dict) -> None:
+        """New nodes are served at once: the engine's id range and PSGS table grow (new rows
+        get the mean PSGS until a compaction and restart recompute it)."""
+        if op != "add_nodes":
+            return
+        engine = self.engine
+        n = self.live.num_nodes["node"]
+        table = engine.batcher.psgs_table
+        if table is not None and table.shape[0] < n:
+            mean = float(table.mean()) if table.size else 1.0
+            engine.batcher.psgs_table = np.concatenate([table, np.full(n - table.shape[0], mean)])
+        engine.batcher.node_count = engine.node_count = n
+
+    def update(self, record: dict) -> dict:
+        """Apply one update (``quiver.hetero.updates.LiveGraph.update``; ``node_type`` and
+        ``edge_type`` may be left out on this one-type graph); durable when this returns.
+
+        Raises:
+            UpdateError: a bad update (its ``status`` is the HTTP one; 403 on a server
+                started without updates); nothing changed.
+        """
+        from quiver.hetero.updates import UpdateError
+
+        if self.live is None:
+            raise UpdateError(
+                "this server takes no updates (started read-only: --read-only, --replicas or "
+                "--host-rank)",
+                status=403,
+            )
+        from quiver.serving.live import with_defaults
+
+        return self.live.update(with_defaults(record))
 
     def start(self, host: str = "127.0.0.1", port: int | None = None) -> Server:
         """Warm up, start the engine; with ``port`` (0 = any free one) also serve HTTP.
@@ -322,7 +416,7 @@ class Server:
             from quiver.serving.app import create_app
             from quiver.serving.http import HTTPThread
 
-            self.http = HTTPThread(create_app(self.engine), host, port).start()
+            self.http = HTTPThread(create_app(self.engine, self.update), host, port).start()
         return self
 
     @property
@@ -343,6 +437,11 @@ class Server:
         self.engine.stop()
         if self.peers is not None:
             self.stopped_cleanly = self.peers.close()
+        if self.live is not None and self.live.log is not None:
+            self.live.log.close()
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def __enter__(self) -> Server:
         return self.start()
@@ -385,7 +484,7 @@ def _use_edge_features(net, ds, dataset_dir, kind: str) -> str:
         return ""
     if ds.edge_features is None:
         if net.needs_edge_attr:
-            missing = Path(dataset_dir) / "edge_features.npy"
+            missing = ds.data_path / "edge_features.npy"
             raise ValueError(
                 f"{kind}: its forward needs edge_attr, but {missing} does not exist; prepare "
                 "the dataset with --edge-features FILE.npy"
@@ -410,7 +509,7 @@ def _check_model_runs(net, ds, sizes, frontier, device, dataset_dir) -> None:
         with torch.inference_mode():
             net(x, adjs)
     except Exception as e:
-        where = f"{Path(dataset_dir) / 'features.npy'}"
+        where = f"{ds.data_path / 'features.npy'}"
         raise ValueError(_model_failure(e, x.shape[1], where)) from None
 
 
