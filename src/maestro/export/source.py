@@ -54,11 +54,14 @@ class Exported:
 
     def line(self) -> str:
         """One line for the command line."""
-        what = "Hugging Face save_pretrained directory" if self.kind == "hf" else "safetensors"
+        if self.kind == "hf":
+            what = "a Hugging Face save_pretrained directory"
+        else:
+            what = "safetensors and maestro_section.json"
         tok = " with the tokenizer" if self.tokenizer else ""
         return (
             f"exported section {self.section!r} (step {self.step}, {self.num_tensors} tensors, "
-            f"{self.dtype}) as a {what}{tok} to {self.path}"
+            f"{self.dtype}) as {what}{tok} to {self.path}"
         )
 
 
