@@ -180,6 +180,26 @@ def test_sharded_fsdp_checkpoint_exports_the_full_ones_tensors(here, tmp_path):
         assert torch.equal(v, got["sharded"][k]), k
 
 
+@pytest.mark.dist
+def test_sharded_cp2_checkpoint_exports_the_trained_weights(here, tmp_path):
+    """cp = 2, sharded: the context-parallel ranks' checkpoint exports the trained weights."""
+    cfg = C.load(lm_config(here, "cp = 2", tokenizer=False))
+    ck, saved = tmp_path / "ck", tmp_path / "saved"
+    opts = RunOptions(
+        progress=False,
+        checkpoint_dir=str(ck),
+        checkpoint_every=2,
+        checkpoint_format="sharded",
+        save_dir=str(saved),
+    )
+    launch(cfg, 2, opts, timeout_s=240)
+    got = load_file(maestro.export(ck, "lm", tmp_path / "out").path / "model.safetensors")
+    want = torch.load(saved / "lm.pt")
+    assert set(got) == set(want)
+    for k, v in want.items():
+        assert torch.equal(got[k], v), k
+
+
 @pytest.fixture(scope="module")
 def plain_run(here, tmp_path_factory):
     """One rank trains the user's own module (``Net``) 2 steps, checkpointing the last."""
