@@ -19,6 +19,7 @@ from maestro import __version__
 COMMAND_MODULES = [
     "maestro.commands.info",
     "maestro.commands.train",
+    "maestro.commands.export",
     "maestro.commands.simulate",
     "maestro.commands.profile",
     "maestro.commands.plan",

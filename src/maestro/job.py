@@ -171,6 +171,9 @@ class Job:
         eval_dataset: held-out records (map-style, collated like ``dataset``) that the run
             config's ``[eval]`` table evaluates every ``every`` steps; ``[eval] data`` (a JSONL
             file) replaces it for a ``maestro.data.JsonlDataset`` job.
+        tokenizer: the tokenizer of the job's text (a local directory or a tokenizer object);
+            ``maestro export`` writes its files beside a Hugging Face section's weights.
+            Default: the dataset's (``maestro.data.JsonlDataset(tokenizer=)``), if any.
     """
 
     def __init__(
@@ -186,6 +189,7 @@ class Job:
         order: Callable[[int], Sequence[int]] | None = None,
         cost_model: Any = None,
         eval_dataset: Any = None,
+        tokenizer: Any = None,
     ) -> None:
         sections = list(sections)
         if not sections:
@@ -207,6 +211,7 @@ class Job:
         self._order = order
         self.cost_model = cost_model
         self.eval_dataset = eval_dataset
+        self.tokenizer = tokenizer
         self.config = None
         self._orders: dict[int, list[int]] = {}
 

@@ -98,6 +98,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "config's log_dir",
     )
     p.add_argument(
+        "--export-on-finish",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="after the last step, export section NAME (repeatable) as maestro export does, to "
+        "CHECKPOINT_DIR/export/NAME (replaced if present); needs --checkpoint-dir and writes "
+        "a checkpoint after the last step even without --checkpoint-every",
+    )
+    p.add_argument(
+        "--export-dtype",
+        choices=["float32", "bfloat16", "fp32", "bf16"],
+        default=None,
+        help="dtype of --export-on-finish's weights (default: as in the checkpoint)",
+    )
+    p.add_argument(
         "--debug",
         action="store_true",
         help="on a failure, print the full traceback (default: one line, and for an error in "
@@ -141,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
             "are priced only under --emulate",
             file=sys.stderr,
         )
+    exports = _check_exports(args, cfg)
     opts = RunOptions(
         monolithic=args.monolithic,
         trace=args.trace,
@@ -148,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         result=args.result,
         progress=not args.quiet,
         device=args.device,
-        checkpoint_every=args.checkpoint_every,
+        checkpoint_every=args.checkpoint_every or (cfg.steps if exports else 0),
         checkpoint_dir=args.checkpoint_dir,
         resume=args.resume,
         checkpoint_format=args.checkpoint_format,
@@ -161,11 +177,46 @@ def run(args: argparse.Namespace) -> int:
         if not args.monolithic:
             cfg.check_world_size(world)
         worker_main(cfg, opts)
+        if int(os.environ["RANK"]) == 0:
+            _export_on_finish(args, exports)
         return 0
     result = launch(cfg, args.nproc, opts)
     if args.emulate is not None:
         _report_emulation(cfg, args, result)
+    _export_on_finish(args, exports)
     return 0
+
+
+def _check_exports(args, cfg) -> list[str]:
+    """The sections of ``--export-on-finish``, checked before any rank starts."""
+    names = list(getattr(args, "export_on_finish", None) or [])
+    if not names:
+        return []
+    if not args.checkpoint_dir:
+        raise ValueError(
+            "--export-on-finish needs --checkpoint-dir (it exports the last checkpoint)"
+        )
+    if args.emulate is not None:
+        raise ValueError("--export-on-finish exports trained weights; --emulate trains none")
+    for n in names:
+        if n not in cfg.sections:
+            raise ValueError(
+                f"--export-on-finish: no section {n!r}; known: {', '.join(cfg.sections)}"
+            )
+    return names
+
+
+def _export_on_finish(args, names: list[str]) -> None:
+    """Export each section of ``--export-on-finish`` from the run's last checkpoint."""
+    from pathlib import Path
+
+    from maestro.export import export
+
+    for n in names:
+        out = Path(args.checkpoint_dir) / "export" / n
+        done = export(args.checkpoint_dir, n, out, dtype=args.export_dtype, force=True)
+        if not args.quiet:
+            print(f"maestro train: {done.line()}", flush=True)
 
 
 def _report_emulation(cfg, args, result: dict) -> None:

@@ -8,8 +8,9 @@ A checkpoint taken after step ``s`` (``next_step = s + 1``) in directory ``D`` i
   whole tensors in a single-rank run's format and any layout resumes from it;
 - ``step-0000000N.meta.pt``: written by rank 0: the data position (``next_step``), the losses
   so far, every rank's RNG states, the scheduler name, the LR schedule's total steps
-  (``lr_schedule_steps``: a resume under other ``steps`` keeps the schedule) and the config
-  fingerprint;
+  (``lr_schedule_steps``: a resume under other ``steps`` keeps the schedule), the config
+  fingerprint and the whole run config (``config``: ``maestro export`` rebuilds the job from
+  it);
 - ``step-0000000N.manifest.json``: written *last* by rank 0, after a barrier, naming every file
   with its size and SHA-256. Only a checkpoint whose manifest exists and whose files all match
   it loads, so a crash mid-write (a truncated file, a stray temp file, no manifest) never

@@ -545,6 +545,8 @@ def _save_checkpoint(config, opts, rank, world, worker, next_step, losses) -> No
             "mode": "monolithic" if opts.monolithic else "maestro",
             "world_size": world,
             "fingerprint": ck.fingerprint(config),
+            # the whole run config: `maestro export` rebuilds the job's sections from it
+            "config": config.to_dict(),
         }
         ck.save_meta(d, next_step, meta)
     dist.barrier()  # every section file is in place before the manifest names it

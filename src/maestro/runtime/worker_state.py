@@ -110,7 +110,7 @@ class WorkerCheckpoints:
                     layout=self._layout_dict(m),
                 )
             return list(self.members) if dist.get_rank(group) == 0 else []
-        if self.replica != 0:
+        if self.replica != 0 or not self.leader:  # cp ranks hold the same state: one writes
             return []
         if len(self.members) > 1:
             for m, module, mopt, params in self._member_states():
