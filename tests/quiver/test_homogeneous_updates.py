@@ -29,7 +29,7 @@ N, DIM, EDIM, CLASSES, E = 50, 6, 3, 4, 200
 
 FACTORIES = """
 from torch import nn
-from torch_geometric.nn import GINEConv, SAGEConv
+from torch_geometric.nn import GATConv, GCNConv, GINEConv, SAGEConv
 
 DIM, EDIM, CLASSES, HID = 6, 3, 4, 8
 
@@ -39,6 +39,26 @@ class SAGE(nn.Module):
         super().__init__()
         self.c1 = SAGEConv(DIM, HID)
         self.c2 = SAGEConv(HID, CLASSES)
+
+    def forward(self, x, edge_index):
+        return self.c2(self.c1(x, edge_index).relu(), edge_index)
+
+
+class GCN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = GCNConv(DIM, HID)
+        self.c2 = GCNConv(HID, CLASSES)
+
+    def forward(self, x, edge_index):
+        return self.c2(self.c1(x, edge_index).relu(), edge_index)
+
+
+class GAT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = GATConv(DIM, HID, heads=2)
+        self.c2 = GATConv(2 * HID, CLASSES)
 
     def forward(self, x, edge_index):
         return self.c2(self.c1(x, edge_index).relu(), edge_index)
@@ -69,7 +89,7 @@ def world(tmp_path_factory):
     np.save(d / "x.npy", rng.standard_normal((N, DIM)).astype(np.float32))
     np.save(d / "ea.npy", rng.standard_normal((E, EDIM)).astype(np.float32))
     ckpts, modules = {}, {}
-    for name in ("SAGE", "GINE"):
+    for name in ("SAGE", "GCN", "GAT", "GINE"):
         torch.manual_seed(1)
         modules[name] = import_factory(SPEC.format(name))().eval()
         ckpts[name] = d / f"{name}.pt"
@@ -148,13 +168,21 @@ UPDATES = [
 ]
 
 
-@pytest.mark.parametrize("name", ["SAGE", "GINE"])
-def test_every_kind_of_update_is_exact_then_after_restart_and_compaction(world, tmp_path, name):
+CASES = [("SAGE", "off"), ("GINE", "off"), ("SAGE", "on"), ("GCN", "on"), ("GAT", "on")]
+
+
+@pytest.mark.parametrize("name,fold", CASES, ids=[f"{n}-fold-{f}" for n, f in CASES])
+def test_every_kind_of_update_is_exact_then_after_restart_and_compaction(
+    world, tmp_path, name, fold
+):
+    """Folded (the first layer's tables updated with the rows) or not, every answer equals
+    the module on the oracle's full graph."""
     data = _prepare(world, tmp_path / "g")
     oracle = Oracle(world)
     victim = oracle.edges[20]  # a base edge to remove (every copy of it)
-    with _serve(world, data, name) as server:
+    with _serve(world, data, name, fold=fold) as server:
         assert "updates on" in server.info
+        assert ("first layer folded" in server.info) == (fold == "on"), server.info
         np.testing.assert_allclose(_logits(server), oracle.logits(name), atol=1e-5)
         for u in UPDATES:
             if u["op"] == "remove_edges":
@@ -165,7 +193,7 @@ def test_every_kind_of_update_is_exact_then_after_restart_and_compaction(world, 
                 assert out["ids"] == [N, N + 1]
             np.testing.assert_allclose(_logits(server), oracle.logits(name), atol=1e-5)
         before = _logits(server)
-    with _serve(world, data, name) as server:  # the log replayed
+    with _serve(world, data, name, fold=fold) as server:  # the log replayed
         assert "replayed to seq 5" in server.info
         np.testing.assert_allclose(_logits(server), before, atol=0)
     assert cli_main(["compact", str(data)]) == 0
@@ -175,7 +203,7 @@ def test_every_kind_of_update_is_exact_then_after_restart_and_compaction(world, 
     assert not (data / "features.npy").exists()  # the old generation is gone
     ds = load_prepared(data)
     assert ds.num_nodes == N + 2 and ds.topo.edge_count == len(oracle.edges)
-    with _serve(world, data, name) as server:  # from the compacted files, nothing to replay
+    with _serve(world, data, name, fold=fold) as server:  # the compacted files, no replay
         assert "replayed to seq 5" in server.info
         np.testing.assert_allclose(_logits(server), oracle.logits(name), atol=1e-5)
         server.update({"op": "add_edges", "src": [1], "dst": [2], "edge_features": [[1.0] * 3]})
@@ -220,15 +248,35 @@ def test_the_fap_cache_serves_updated_rows_from_host_memory(world, tmp_path):
         np.testing.assert_allclose(_logits(server), oracle.logits("SAGE"), atol=1e-5)
 
 
-def test_folding_on_and_feature_shards_are_refused_with_updates(world, tmp_path):
+@pytest.mark.parametrize("stored", ["float32", "bfloat16"])
+def test_bf16_folded_tables_follow_updates_as_a_fresh_fold_would(world, tmp_path, stored):
+    """bf16 rows and bf16 folded tables: after the updates the answers equal a server
+    started (read-only) on the compacted graph, whose fold saw the updated rows from the
+    start (stored in fp32, or rounded to bf16 in a bf16-stored dataset)."""
+    from quiver.datasets.prepared import convert_features
+
     data = _prepare(world, tmp_path / "g")
-    with pytest.raises(ValueError, match="--fold-first-layer on cannot take updates"):
-        _serve(world, data, "SAGE", fold="on")
+    convert_features(data, stored)
+    kw = dict(precision="bf16", fold="on")
+    odd = [[0.1 + 0.013 * i for i in range(DIM)]]  # not bf16 numbers: rounded when stored
+    with _serve(world, data, "SAGE", **kw) as server:
+        for u in [*UPDATES[:3], {"op": "set_features", "ids": [4], "features": odd}]:
+            server.update(u)
+        got = _logits(server)
+    assert cli_main(["compact", str(data)]) == 0
+    spec, ckpt = SPEC.format("SAGE"), world["ckpts"]["SAGE"]
+    with Server.from_dataset(data, ckpt, _cfg(), seed=0, model=spec, **kw) as fresh:
+        assert "first layer folded" in fresh.info and "bf16" in fresh.info
+        want = _logits(fresh)
+    np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+def test_feature_shards_are_refused_with_updates_and_a_directory_has_one_server(world, tmp_path):
+    data = _prepare(world, tmp_path / "g")
     with pytest.raises(ValueError, match="serves read-only: add --read-only"):
         _serve(world, data, "SAGE", peers=object())
-    with _serve(world, data, "SAGE", fold="auto") as server:  # auto: off, said
-        assert "no folding" in server.info
-        with pytest.raises(ValueError, match="in use by pid"):  # one server per directory
+    with _serve(world, data, "SAGE"):
+        with pytest.raises(ValueError, match="in use by pid"):
             _serve(world, data, "SAGE")
 
 
@@ -340,7 +388,7 @@ def test_sigkill_mid_stream_loses_no_acknowledged_update(world, tmp_path):
             assert proc.poll() is None, proc.stderr.read()
             assert time.monotonic() < deadline, "server did not start"
             time.sleep(0.3)
-    acked = []
+    acked, unanswered = [], None
     rng = np.random.default_rng(3)
     killer = threading.Timer(1.0, proc.kill)  # SIGKILL while updates stream in
     killer.start()
@@ -352,6 +400,7 @@ def test_sigkill_mid_stream_loses_no_acknowledged_update(world, tmp_path):
             try:
                 r = c.post(f"{url}/v1/update", json=u)
             except httpx.TransportError:
+                unanswered = u  # logged or not: either is right, it was never acknowledged
                 break
             assert r.status_code == 200, r.text
             acked.append((u, r.json()))
@@ -366,6 +415,8 @@ def test_sigkill_mid_stream_loses_no_acknowledged_update(world, tmp_path):
             ids = out["ids"]
             for v, row in zip(ids, u["features"], strict=True):
                 want[v] = row
+        if unanswered is not None and unanswered["op"] == "set_features" and live.seq > len(acked):
+            want[unanswered["ids"][0]] = unanswered["features"][0]  # it was logged: replayed
         ids = sorted(want)
         got = live.features["node"].gather(torch.tensor(ids)).numpy()
         np.testing.assert_allclose(got, np.array([want[v] for v in ids]), atol=1e-6)

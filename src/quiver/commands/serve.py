@@ -454,13 +454,10 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
     kwargs = server_kwargs(args)
-    # read-only where updates cannot be kept exact: a partition's hosts (an update would have
-    # to reach every host's shard) and a folded first layer (its rows would go stale)
+    # a partition's hosts serve read-only: an update would have to reach every host's shard
     why_not = "--read-only" if args.read_only else None
     if peers is not None:
         why_not = "--host-rank"
-    elif args.fold_first_layer == "on":
-        why_not = "--fold-first-layer on"
     updates = why_not is None
     from quiver.serving.auth import check_open_writes
 

@@ -354,13 +354,16 @@ class Version:
         num_nodes: node type -> count.
         rels: edge type -> its relation (base CSR + this version's patched rows).
         features: node type -> its feature rows (base table + this version's overlay).
+        derived: name -> rows computed from a node type's features (a folded first layer's
+            tables, see :class:`LiveGraph`'s ``derived``), updated in the same version.
     """
 
-    def __init__(self, seq: int, num_nodes: dict, rels: dict, features: dict):
+    def __init__(self, seq: int, num_nodes: dict, rels: dict, features: dict, derived=None):
         self.seq = seq
         self.num_nodes = num_nodes
         self.rels = rels
         self.features = features
+        self.derived = derived if derived is not None else {}
 
 
 class _Reading:
@@ -381,10 +384,22 @@ class LiveGraph:
         graph: the prepared graph (loaded from its directory for a durable log).
         tables: node type -> the base feature store (``quiver.Feature`` or tensor).
         durable: log every update to ``graph.path / updates.log`` and replay it now.
+        derived: node type -> ``(tables, fn)``: per-node tables computed from that type's
+            feature rows (``{name: (N, w) tensor}``) and ``fn(rows (n, F) fp32) -> {name:
+            (n, w)}`` computing them for new or replaced rows. They are updated in the same
+            version as the rows they derive from, so a batch never sees one without the other
+            (a folded first layer under updates, ``quiver.serving.live``).
     """
 
-    def __init__(self, graph: HeteroGraph, tables: dict | None = None, durable: bool = True):
+    def __init__(
+        self,
+        graph: HeteroGraph,
+        tables: dict | None = None,
+        durable: bool = True,
+        derived: dict | None = None,
+    ):
         self.graph = graph
+        self._derive = {t: fn for t, (_, fn) in (derived or {}).items()}
         self._writer = threading.Lock()  # one update at a time, validation to publish
         tables = tables if tables is not None else graph.features
         self.version = Version(
@@ -397,6 +412,11 @@ class LiveGraph:
             {
                 t: _LiveFeatures(tables[t], graph.num_nodes[t], int(graph.features[t].shape[1]))
                 for t in graph.features
+            },
+            {
+                name: _LiveFeatures(table, graph.num_nodes[t], int(table.shape[1]))
+                for t, (named, _) in (derived or {}).items()
+                for name, table in named.items()
             },
         )
         self.listeners: list = []  # called with (op, record) after each applied update
@@ -590,16 +610,25 @@ class LiveGraph:
 
         cur = self.version
         num_nodes, rels, features = dict(cur.num_nodes), dict(cur.rels), dict(cur.features)
-        nxt = Version(rec["seq"], num_nodes, rels, features)
+        derived = dict(cur.derived)
+        nxt = Version(rec["seq"], num_nodes, rels, features, derived)
         op = rec["op"]
+
+        def set_rows(t: str, ids: np.ndarray, rows: torch.Tensor) -> None:
+            features[t] = copy.copy(features[t])
+            features[t].set_rows(ids, rows)
+            if t in self._derive:
+                for name, part in self._derive[t](rows).items():
+                    derived[name] = copy.copy(derived[name])
+                    derived[name].set_rows(ids, part)
+
         if op == "add_nodes":
             t = rec["node_type"]
             start = num_nodes[t]
             if t in features:
                 rows = torch.tensor(rec["features"], dtype=torch.float32)
                 n = rows.shape[0]
-                features[t] = copy.copy(features[t])
-                features[t].set_rows(np.arange(start, start + n, dtype=np.int64), rows)
+                set_rows(t, np.arange(start, start + n, dtype=np.int64), rows)
             else:
                 n = int(rec["count"])
             num_nodes[t] = start + n
@@ -607,8 +636,7 @@ class LiveGraph:
         if op == "set_features":
             t = rec["node_type"]
             ids = np.asarray(rec["ids"], dtype=np.int64)
-            features[t] = copy.copy(features[t])
-            features[t].set_rows(ids, torch.tensor(rec["features"], dtype=torch.float32))
+            set_rows(t, ids, torch.tensor(rec["features"], dtype=torch.float32))
             return nxt, {"node_type": t, "ids": rec["ids"]}
         et = parse_edge_type(rec["edge_type"])
         rel = rels[et] = copy.copy(rels[et])

@@ -222,8 +222,16 @@ class Engine:
         with self.live.reading() as version:
             n_id, batch_size, adjs = self.sampler.sample(seeds, version)
             sampled = time.perf_counter()
-            x = version.features[NODE].gather(n_id)
-            return n_id, batch_size, adjs, x, adjs, sampled
+            if self._gather_layer is None:
+                x = version.features[NODE].gather(n_id)
+                return n_id, batch_size, adjs, x, adjs, sampled
+            fold = version.derived  # a folded first layer: its tables' rows of this version
+            if not any(f.used for f in fold.values()):  # none updated: the base tables
+                return n_id, batch_size, adjs, *self.gather_inputs(n_id, adjs), sampled
+            rows = [f.gather(n_id) for f in fold.values()]
+            with torch.inference_mode():
+                x, model_adjs = self._gather_layer(n_id, adjs, rows)
+            return n_id, batch_size, adjs, x, model_adjs, sampled
 
     def _forward(self, x, adjs, want_emb: bool = False):
         """``(embedding or None, logits)`` of the seeds, on the model's device."""

@@ -176,6 +176,7 @@ class FoldedFirstLayer:
             raise ValueError(
                 f"the model's first layer takes {in_dim} features per node; the dataset has {f}"
             )
+        self._project = project
         self.tables = [torch.empty((n, k), dtype=dtype) for k in widths]
         chunks = range(0, n, chunk_rows)
         if progress:
@@ -201,6 +202,13 @@ class FoldedFirstLayer:
                 _install(m)
             self.tail = _FoldedTail(model, in_dim).eval()
         self.num_nodes, self.hidden = n, hidden
+
+    def project_rows(self, rows: Tensor) -> list[Tensor]:
+        """Every table's rows for feature rows ``rows`` (``(n, F)``, computed in fp32 as at
+        start-up): what new or replaced feature rows make of the tables (updates while
+        serving, ``quiver.serving.live``)."""
+        with torch.inference_mode():
+            return [part.clone() for part in self._project(rows.float())]
 
     @property
     def left(self) -> Tensor:
@@ -240,26 +248,32 @@ class FoldedFirstLayer:
             return f"{len(widths)} x {self.num_nodes:,} x {widths[0]} {dtype}"
         return f"{self.num_nodes:,} x ({' + '.join(map(str, widths))}) {dtype}"
 
-    def gather_layer(self, n_id: Tensor, adjs: list) -> tuple[Tensor, list]:
+    def gather_layer(self, n_id: Tensor, adjs: list, rows=None) -> tuple[Tensor, list]:
         """Layer 1's folded output of a sampled batch and the hops left for :attr:`tail`.
 
         Args:
             n_id: ``(S,)`` global ids of the sampled nodes, targets of hop 1 first.
             adjs: the sampler's hops, outermost first (see ``quiver.models``).
+            rows: this batch's rows of every table (``(S, w)`` each, in ``n_id``'s order),
+                read from a live graph's version (updated rows included); default: read
+                from :attr:`tables` by global id.
 
         Returns:
             A ``SampledGNN``'s ``(relu(h1) (num_dst, H) fp32, adjs[1:])``; a user module's
             ``(h1 (S, H) fp32, adjs)``: its first layer's linear part for every sampled node,
             which :attr:`tail` hands that layer in place of its computation.
         """
+        tables = self.tables
+        if rows is not None:  # the rows themselves: local ids index them
+            tables, n_id = list(rows), torch.arange(n_id.numel())
         if self.recipe is not None:
             n_id = n_id.cpu()
             edge_index = subgraph_edge_index([(a[0].cpu(),) for a in adjs])
-            return self.recipe.aggregate(self.tables, n_id, edge_index), adjs
+            return self.recipe.aggregate(tables, n_id, edge_index), adjs
         edge_index, _, (_, num_dst) = adjs[0]
         # a GPU-sampled batch (HybridSampler) reads the host tables with host ids
         n_id, edge_index = n_id.cpu(), edge_index.cpu()
-        left, right = self.tables
+        left, right = tables
         h = _bags(left, n_id, edge_index, num_dst, "mean")  # (num_dst, H)
         h += right.index_select(0, n_id[:num_dst])
         h += self.bias

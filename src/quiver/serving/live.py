@@ -15,9 +15,9 @@ the answers ``GraphSageSampler`` gives, and an updated row is read from the patc
 What homogeneous serving has, under updates: feature rows gathered in bf16 stay bf16 (new and
 replaced rows are cast as they are gathered); the FAP cache keeps the base rows it chose, and
 new or replaced rows are read from host memory; edge features of added edges are served; new
-nodes get the mean PSGS in the batcher's budget. The folded first layer is off (a folded table
-would need recomputing rows for every changed feature and neighbourhood), GPU/hybrid sampling
-too (the live rows are on the CPU), and replicas and feature shards serve read-only.
+nodes get the mean PSGS in the batcher's budget; a folded first layer's tables are updated
+with the rows they derive from (:func:`open_live`). GPU/hybrid sampling is off (the live rows
+are on the CPU), and replicas and feature shards serve read-only.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ __all__ = [
     "LiveEdgeRows",
     "LiveSampler",
     "compact_homogeneous",
+    "fold_names",
     "open_live",
     "with_defaults",
 ]
@@ -85,12 +86,34 @@ class _GraphView:
         self.path = ds.path
 
 
-def open_live(ds, table, durable: bool = True) -> LiveGraph:
+def fold_names(folded) -> list[str]:
+    """The names a folded first layer's tables have in a version's ``derived`` rows."""
+    return [f"fold{i}" for i in range(len(folded.tables))]
+
+
+def open_live(ds, table, durable: bool = True, folded=None) -> LiveGraph:
     """A :class:`LiveGraph` over prepared dataset ``ds`` whose feature rows come from
     ``table`` (the served store: a tensor or a ``quiver.Feature``); with ``durable`` the
     directory's update log is replayed now and every update is logged (fsynced) before it is
-    applied."""
-    return LiveGraph(_GraphView(ds, table), {NODE: table}, durable=durable)
+    applied.
+
+    ``folded`` (a ``quiver.serving.folded.FoldedFirstLayer`` built from ``table``): its tables
+    are kept with the rows, in the same versions. A folded row is a function of its node's
+    feature row alone (the neighbour aggregation runs at serve time on the sampled subgraph),
+    so a new or replaced feature row recomputes exactly that node's folded rows, from the row
+    as the dataset stores it (the start-up fold reads the stored rows: a bf16-stored dataset's
+    are rounded to bf16 first, an fp32 one's are not, whatever the served tables' dtype), and
+    a changed neighbourhood recomputes none."""
+    derived = None
+    if folded is not None:
+        dtype = ds.features.dtype
+        names = fold_names(folded)
+
+        def refold(rows: torch.Tensor) -> dict:
+            return dict(zip(names, folded.project_rows(rows.to(dtype)), strict=True))
+
+        derived = {NODE: (dict(zip(names, folded.tables, strict=True)), refold)}
+    return LiveGraph(_GraphView(ds, table), {NODE: table}, durable=durable, derived=derived)
 
 
 def with_defaults(record):

@@ -121,8 +121,7 @@ class Server:
             updates: take updates (``POST /v1/update``, :meth:`update`; see
                 ``quiver.serving.live``), logged durably to the dataset directory's
                 ``updates.log`` and replayed now; the directory is locked against a second
-                server. The folded first layer is then off (``fold="on"`` is refused), sampling
-                runs on the CPU, and ``peers`` is refused.
+                server. Sampling then runs on the CPU; ``peers`` is refused.
         """
         from quiver.precision import PRECISIONS
 
@@ -147,15 +146,9 @@ class Server:
                     "a partition's host (--host-rank) serves read-only: add --read-only "
                     "(updates would have to reach every host's shard)"
                 )
-            if fold == "on":
-                raise ValueError(
-                    "--fold-first-layer on cannot take updates (a changed feature or edge would "
-                    "leave folded rows stale): serve with --read-only, or without folding"
-                )
             from quiver.hetero.updates import dataset_lock
 
             lock = dataset_lock(dataset_dir)
-            fold = "off"
         try:
             return cls._build(
                 dataset_dir, checkpoint, cfg, fanouts, seed, feature_cache, hybrid, device,
@@ -281,6 +274,7 @@ class Server:
             cfg,
             sampler_threads,
         )
+        rows_table = features  # the raw rows as served (a folded store derives from them)
         if folded is not None:
             features, net = folded, folded.tail
         peer_features, peer_info = None, ""
@@ -319,7 +313,9 @@ class Server:
         if lock is not None:
             from quiver.serving.live import LiveEdgeRows, LiveSampler, open_live
 
-            live = open_live(ds, features)  # replays the update log
+            # the rows as served: the store below (FAP cache) or, folded, the rows it folds
+            table = features if folded is None else rows_table
+            live = open_live(ds, table, folded=folded)  # replays the update log
             sampler = LiveSampler(sizes, seed=seed, frontier=frontier)
             path_info = "CPU sampling of the live graph"
             if getattr(served, "_edges", None) is not None:  # added edges bring their rows
@@ -358,7 +354,7 @@ class Server:
             f"{path_info}; model on {device}; {precision_info}{fold_info}{peer_info}"
         )
         if live is not None:
-            info += f"; updates on (replayed to seq {live.seq}; no folding)"
+            info += f"; updates on (replayed to seq {live.seq})"
         server = cls(engine, info)
         server.peers = peer_features
         server.live = live
