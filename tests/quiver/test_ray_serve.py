@@ -131,6 +131,9 @@ def test_replicas_answer_the_single_process_logits(cluster, trained):
         assert r.status_code == 422 and "error" in r.json()
         r = client.post("/v1/predict", json={"nodes": [1], "outptu": "class"})
         assert r.status_code == 422 and "unknown field" in r.json()["error"]
+        # replicas serve read-only: an update is refused, naming why
+        r = client.post("/v1/update", json={"op": "add_edges", "src": [1], "dst": [2]})
+        assert r.status_code == 403 and "read-only" in r.json()["error"]
         # /metrics: every replica's samples, each labelled with its replica
         text = client.get("/metrics").text
         for replica in pids:

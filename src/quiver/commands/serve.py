@@ -580,7 +580,13 @@ def run_replicated(args: argparse.Namespace, replicas) -> int:
         check_listen(args.host, args.port)
     lo, hi = replicas.bounds
     scale = f", autoscaling {lo}-{hi}" if replicas.autoscaling else ""
-    print(f"quiver serve: {replicas.num_replicas} replicas on Ray Serve{scale}", flush=True)
+    # read-only: every replica holds its own copy of the graph, and an update acknowledged by
+    # one would be missing from the others' answers (replicated, durable updates: not built)
+    print(
+        f"quiver serve: {replicas.num_replicas} replicas on Ray Serve{scale}; read-only (updates "
+        "need one server process: serve without --replicas to take them)",
+        flush=True,
+    )
     url = run_replicas(kwargs, replicas, kwargs["cfg"].queue_capacity, args.host, args.port)
     stop = threading.Event()  # handlers set after ray.init, so they stay ours
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -11,6 +11,8 @@ of ongoing requests per replica.
 The routes, and what answers them:
 
 - ``POST /v1/predict``: one replica, chosen by the proxy.
+- ``POST /v1/update``: 403, naming why (replicas serve read-only: an update acknowledged by one
+  replica would be missing from the others' answers).
 - ``GET /healthz``: per replica (the one the proxy chose), with its ``replica`` id and ``pid``.
 - ``GET /metrics``: aggregated: the replica the proxy chose asks every live replica for its
   Prometheus text (``DeploymentHandle.broadcast``) and answers them merged, each sample labelled
@@ -184,7 +186,8 @@ class EngineReplica:
         ctx = serve.get_replica_context()
         self.replica = ctx.replica_id.unique_id
         self._handle = (ctx.deployment, ctx.app_name)
-        app = create_app(self.server.engine)
+        # Server.update answers 403 naming why: replicas serve read-only
+        app = create_app(self.server.engine, self.server.update)
         cfg = self.server.engine.cfg
         guarded = ReadGuard(
             app, cfg.max_body_bytes, cfg.read_timeout_s, on_error=app.state.on_http_error
