@@ -143,9 +143,65 @@ SEQUENCE_AGGREGATIONS = ("LSTMAggregation", "GRUAggregation")
 _COUNT_KWARGS = ("num_sampled_nodes_per_hop", "num_sampled_edges_per_hop")
 
 
+#: what a file ``torch.load`` reads starts with: a zip archive (``torch.save``), or a pickle
+#: (protocol 2+, torch's legacy format)
+_CHECKPOINT_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _check_checkpoint_bytes(path: Path) -> None:
+    """``ValueError`` in one line when ``path`` cannot be a checkpoint ``torch.load`` reads (a
+    text file, an empty one, other bytes), before torch's own advice (e.g. to retry with
+    ``weights_only=False``) can mislead."""
+    with open(path, "rb") as f:
+        head = f.read(256)
+    if head.startswith(_CHECKPOINT_MAGIC):
+        return
+    expected = "expected a file written by torch.save (a zip archive) or torch.export.save"
+    if not head:
+        what = "the file is empty"
+    else:
+        try:
+            text = head.decode("utf-8")
+        except UnicodeDecodeError as e:  # a character cut at the end of the read is fine
+            text = head[: e.start].decode("utf-8") if e.start >= len(head) - 3 else None
+        if text is not None and all(c.isprintable() or c in "\t\r\n" for c in text):
+            first = text.strip().splitlines()[0] if text.strip() else ""
+            what = f"it is a text file (starting {first[:40]!r})"
+        else:
+            what = f"it starts with the bytes {head[:8]!r}"
+    raise ValueError(f"--checkpoint {path} is not a PyTorch checkpoint: {what}; {expected}")
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def heterogeneous_parts(module: nn.Module) -> str | None:
+    """What marks ``module`` as a heterogeneous-graph model (``HeteroConv`` layers, relation
+    layers ``to_hetero`` made, a ``forward(x_dict, edge_index_dict)``), or None."""
+    inner = getattr(module, "module", module)
+    try:
+        from torch_geometric.nn import HeteroConv, MessagePassing
+    except ImportError:  # pragma: no cover - torch_geometric is a dependency
+        return None
+    for m in inner.modules():
+        if isinstance(m, HeteroConv):
+            return "HeteroConv layers"
+        if (
+            isinstance(m, nn.ModuleDict)
+            and len(m)
+            and all(isinstance(c, MessagePassing) for c in m.values())
+            and all("__" in k for k in m.keys())
+        ):
+            return "one layer per relation (to_hetero)"
+    try:
+        params = inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    if "x_dict" in params or "edge_index_dict" in params:
+        return "forward(x_dict, edge_index_dict)"
+    return None
 
 
 def message_passing_layers(module: nn.Module) -> list[nn.Module]:
@@ -889,6 +945,7 @@ def load_served_model(
         served.hop_detail = detail
         served.out_degrees = degrees >= 2 and convention != "adjs"
         return served, _info(served, f"torch.export {path.name}", None)
+    _check_checkpoint_bytes(path)
     try:
         with warnings.catch_warnings():  # e.g. the pickle protocol: the error below says it all
             warnings.simplefilter("ignore")

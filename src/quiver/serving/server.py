@@ -178,7 +178,7 @@ class Server:
         """:meth:`from_dataset`'s work, with the dataset directory locked when ``lock``."""
         from quiver.datasets import load_prepared
         from quiver.pyg import GraphSageSampler
-        from quiver.usermodel import load_served_model
+        from quiver.usermodel import heterogeneous_parts, load_served_model
 
         ds = load_prepared(dataset_dir)
         if ds.features.shape[0] != ds.num_nodes:
@@ -187,6 +187,13 @@ class Server:
                 f"graph has {ds.num_nodes} nodes"
             )
         net, minfo = load_served_model(checkpoint, model, trust_pickle, convention)
+        hetero = heterogeneous_parts(net)
+        if hetero is not None:
+            raise ValueError(
+                f"--checkpoint {checkpoint} is a heterogeneous model checkpoint ({hetero}) and "
+                f"{dataset_dir} is a homogeneous dataset; serve it on a heterogeneous dataset "
+                "directory (quiver prepare --hetero)"
+            )
         served = net  # the ServedModel (before any precision wrapper): its edge feature rows
         edge_info = _use_edge_features(net, ds, dataset_dir, minfo["kind"])
         fanouts = [int(k) for k in (fanouts or minfo["fanouts"] or ds.manifest.get("fanouts"))]
