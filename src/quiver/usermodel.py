@@ -622,8 +622,11 @@ def _build(spec: str, kwargs: dict | None = None, origin: str | None = None) -> 
 
 _PLAIN = (str, int, float, bool, type(None))
 
+#: the factory of Quiver's own GNN (``quiver.models.sampled_gnn``), which ``quiver
+#: train-model`` checkpoints record; named here, below ``quiver.models``, which imports it
+QUIVER_GNN_FACTORY = "quiver.models:sampled_gnn"
 #: factories a checkpoint may name and have called without ``--model`` or ``--trust-pickle``
-_TRUSTED_FACTORIES = ("quiver.models:sampled_gnn",)
+_TRUSTED_FACTORIES = (QUIVER_GNN_FACTORY,)
 
 
 def _is_plain(v) -> bool:
@@ -1033,9 +1036,7 @@ def _recorded_factory(path: Path, obj) -> tuple[str, dict] | None:
                 f"--checkpoint {path}: 'factory' must be 'package.module:function', got {spec!r}"
             )
     elif "config" in obj:  # the format before: quiver.models.ModelConfig's fields
-        from quiver.models import FACTORY
-
-        spec, kwargs = FACTORY, obj["config"]
+        spec, kwargs = QUIVER_GNN_FACTORY, obj["config"]
     else:
         return None
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
@@ -1068,19 +1069,8 @@ def _from_recorded(
     _fit_state_dict(module, obj["state_dict"], str(path), what)
     module.to(map_location).eval()
     fanouts = obj.get("fanouts")
-    from quiver.models import SampledGNN
-
-    if isinstance(module, SampledGNN):  # Quiver's own GNN takes the sampler's adjs as they are
-        cfg = module.cfg
-        info = {
-            "kind": f"{cfg.kind} x{cfg.num_layers}",
-            "fanouts": list(fanouts) if fanouts else None,
-            "frontier": False,
-            "extra_hops": 0,
-            "num_layers": cfg.num_layers,
-            "convention": "adjs",
-            "in_dim": cfg.in_dim,
-        }
-        return module, info
+    describe = getattr(module, "quiver_served_info", None)
+    if callable(describe):  # Quiver's own GNN takes the sampler's adjs as they are
+        return module, describe(fanouts)
     served = ServedModel(module, convention, source=spec)
     return served, _info(served, f"{spec} ({type(module).__name__})", fanouts)
