@@ -301,7 +301,7 @@ def test_prepare_feature_dtype_bf16_cli(tmp_path, capsys):
     assert ds.features.dtype == torch.bfloat16 and torch.equal(ds.features, want)
 
 
-def test_calibrate_checkpoint_records_precision(world, tmp_path, capsys):
+def test_calibrate_checkpoint_records_precision(world, tmp_path, capsys, monkeypatch):
     data, ckpt = _copy_data(world, tmp_path)
     argv = ["calibrate", str(data), "--checkpoint", str(ckpt), "--no-sampling"]
     assert quiver_main([*argv, "--precision-batches", "8,32", "--precision-repeats", "2"]) == 0
@@ -309,3 +309,12 @@ def test_calibrate_checkpoint_records_precision(world, tmp_path, capsys):
     rec = stored_records(json.loads((data / "manifest.json").read_text()), "precision")[-1]
     assert rec["cpu_model"] == cpu_model() and rec["batch_sizes"] == [8, 32]
     assert "gather:" in out and "model:" in out and "['precision']" in out
+    # the record answers for this checkpoint's weights and fanouts: serve reuses it
+    assert rec["weights"] and rec["sizes"]
+
+    def no_timing(*a, **k):
+        raise AssertionError("re-timed although quiver calibrate recorded this checkpoint")
+
+    monkeypatch.setattr("quiver.precision.measure_precision", no_timing)
+    _, server = _logits(data, ckpt, precision="auto")
+    assert "from the manifest" in server.info

@@ -628,9 +628,11 @@ def test_inference_server_start_blocks_as_in_torch_quivers_serving_example(tmp_p
     got = []
 
     def print_result():  # the example's result process
-        for _ in batches:
-            got.append(results[0].get(timeout=60))
-        server.stop()
+        try:
+            for _ in batches:
+                got.append(results[0].get(timeout=60))
+        finally:
+            server.stop()  # also when an answer never came: start() must not hang the test
 
     reader = threading.Thread(target=print_result, daemon=True)
     reader.start()
