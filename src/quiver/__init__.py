@@ -3,7 +3,8 @@
 The public API keeps torch-quiver's names (``quiver.CSRTopo``, ``quiver.pyg.GraphSageSampler``,
 ``quiver.Feature``, ``quiver.utils``, ``quiver.p2pCliqueTopo``, ``quiver.init_p2p``,
 ``quiver.generate_neighbour_num``, ``quiver.HybridSampler``, ``quiver.multiprocessing``,
-``quiver.NcclComm``) so its users can switch;
+``quiver.NcclComm``, ``quiver.InferenceServer_Debug``, ``quiver.shard_tensor``) so its users
+can switch;
 ``docs/quiver/torch-quiver.md`` maps each one. Submodules and names are imported on first use, so
 ``import quiver`` stays cheap.
 """
@@ -18,6 +19,7 @@ __all__ = [
     "GraphSageSampler",
     "HybridSampler",
     "InferenceServer",
+    "InferenceServer_Debug",
     "MixedGraphSageSampler",
     "PartitionInfo",
     "RequestBatcher",
@@ -47,6 +49,7 @@ _LAZY = {
     "SampleJob": ("quiver.pyg", "SampleJob"),
     "RequestBatcher": ("quiver.serving.queues", "RequestBatcher"),
     "InferenceServer": ("quiver.serving.queues", "InferenceServer"),
+    "InferenceServer_Debug": ("quiver.serving.queues", "InferenceServer_Debug"),
     "generate_neighbour_num": ("quiver.utils", "generate_neighbour_num"),
     "init_p2p": ("quiver.utils", "init_p2p"),
     "p2pCliqueTopo": ("quiver.utils", "Topo"),
@@ -64,6 +67,7 @@ _SUBMODULES = (
     "pyg",
     "sampling",
     "serving",
+    "shard_tensor",
     "utils",
     "workload",
 )

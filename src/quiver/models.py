@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from quiver.feature.buffers import BufferPool
+from quiver.usermodel import QUIVER_GNN_FACTORY, save_model
 
 MODEL_KINDS = ("sage", "gcn", "gat")
 
@@ -80,6 +81,20 @@ class SampledGNN(nn.Module):
                 # concat=False averages heads so every layer's width stays d_out.
                 conv = GATConv(d_in, d_out, heads=heads, concat=False, add_self_loops=False)
             self.convs.append(conv)
+
+    def quiver_served_info(self, fanouts=None) -> dict:
+        """What ``quiver.usermodel.load_served_model`` reports for this model: it takes the
+        sampler's ``adjs`` as they are (no :class:`quiver.usermodel.ServedModel` wrapper)."""
+        cfg = self.cfg
+        return {
+            "kind": f"{cfg.kind} x{cfg.num_layers}",
+            "fanouts": list(fanouts) if fanouts else None,
+            "frontier": False,
+            "extra_hops": 0,
+            "num_layers": cfg.num_layers,
+            "convention": "adjs",
+            "in_dim": cfg.in_dim,
+        }
 
     def _layer(self, i: int, x: Tensor, edge_index: Tensor, num_dst: int) -> Tensor:
         conv = self.convs[i]
@@ -190,7 +205,7 @@ def build_model(cfg: ModelConfig) -> SampledGNN:
 
 
 #: the factory ``quiver train-model`` records in its checkpoints
-FACTORY = "quiver.models:sampled_gnn"
+FACTORY = QUIVER_GNN_FACTORY
 
 
 def sampled_gnn(
@@ -217,8 +232,6 @@ def save_checkpoint(path, model: SampledGNN, extra: dict | None = None) -> None:
     ..., **extra}`` (see ``quiver.usermodel.save_model``); ``extra`` usually holds
     ``"fanouts"``.
     """
-    from quiver.usermodel import save_model
-
     extra = dict(extra or {})
     fanouts = extra.pop("fanouts", None)
     save_model(path, model, FACTORY, asdict(model.cfg), fanouts=fanouts, extra=extra)

@@ -21,17 +21,38 @@ from pathlib import Path
 
 import torch
 
+from quiver.feature.partition_info import PartitionInfo
 from quiver.feature.sizes import parse_bytes
 
 __all__ = [
     "PartitionInfo",
     "load_quiver_feature_partition",
     "partition_feature_without_replication",
+    "partition_without_replication",
     "quiver_partition_feature",
+    "select_nodes",
 ]
 
 #: torch-quiver's default chunk: nodes each partition takes per round
 CHUNK_SIZE = 128
+#: rounds of :func:`partition_without_replication` (torch-quiver's ``CHUNK_NUM``)
+NUM_CHUNKS = 32
+
+
+def _compute_device(device) -> torch.device:
+    """torch-quiver's ``device`` argument (a GPU ordinal): that GPU where there is one, else
+    the CPU (the result is the same; only where it is computed differs)."""
+    if isinstance(device, torch.device):
+        dev = device
+    elif isinstance(device, str) and not device.isdigit():
+        dev = torch.device(device)
+    elif device is None or int(device) < 0:
+        dev = torch.device("cpu")
+    else:
+        dev = torch.device("cuda", int(device))
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return torch.device("cpu")
+    return dev
 
 
 def _check_probs(probs) -> list[torch.Tensor]:
@@ -77,6 +98,73 @@ def partition_feature_without_replication(probs, chunk_size: int = CHUNK_SIZE):
         torch.sort(torch.cat(p)).values if p else torch.zeros(0, dtype=torch.int64) for p in parts
     ]
     return res, probs
+
+
+def partition_without_replication(device, probs, ids=None) -> list[torch.Tensor]:
+    """torch-quiver's ``quiver.partition.partition_without_replication``: split nodes among
+    ``K`` partitions by access probability, each node in exactly one partition.
+
+    The nodes (``ids``, or all ``N``) are cut, in the given order, into 32 rounds; in each
+    round the partitions take turns (the first one rotating from round to round) picking up to
+    ``ceil(round / K)`` of the nodes still free, those with the highest
+    ``K * p_k - sum_{j != k} p_j`` (what ``k`` reads more than the others do).
+
+    Args:
+        device: where to compute: a GPU ordinal (torch-quiver's ``0``), ``"cpu"`` or ``-1``.
+            Without CUDA an ordinal computes on the CPU (same result).
+        probs: ``K`` tensors of ``[N]`` access probabilities (``sampler.sample_prob``).
+        ids: the node ids to split (e.g. ``select_nodes``'s, squeezed), or None for all.
+
+    Returns:
+        ``K`` int64 tensors on the compute device: the node ids of each partition (from
+        ``ids`` when given), in picking order.
+    """
+    dev = _compute_device(device)
+    k = len(probs)
+    if k < 1:
+        raise ValueError("probs must hold one access-probability tensor per partition")
+    if ids is not None:
+        ids = torch.as_tensor(ids).to(dev, torch.int64).reshape(-1)
+    probs = [torch.as_tensor(p).to(dev) for p in probs]
+    stacked = torch.stack([p[ids] if ids is not None else p for p in probs]).double()  # (K, n)
+    n = stacked.shape[1]
+    score_all = stacked * (k + 1) - stacked.sum(0, keepdim=True)  # K p_k - sum of the others
+    parts: list[list[torch.Tensor]] = [[] for _ in range(k)]
+    step = (n + NUM_CHUNKS - 1) // NUM_CHUNKS
+    for r, lo in enumerate(range(0, n, max(step, 1))):
+        hi = min(n, lo + step)
+        score = score_all[:, lo:hi].clone()
+        share = (hi - lo + k - 1) // k
+        left = hi - lo
+        for t in range(k):
+            part = (r + t) % k
+            take = torch.topk(score[part], min(share, left)).indices
+            parts[part].append(take + lo)
+            score[:, take] = float("-inf")
+            left -= take.numel()
+    res = []
+    for picked in parts:
+        pos = torch.cat(picked) if picked else torch.zeros(0, dtype=torch.int64, device=dev)
+        res.append(ids[pos] if ids is not None else pos)
+    return res
+
+
+def select_nodes(device, probs, ids=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch-quiver's ``select_nodes``: ``(prob_sum, node_ids)``, the summed access
+    probability of every node (over ``ids`` only, when given) and the ``[M, 1]`` ids of the
+    nodes any partition reads. ``device`` as in :func:`partition_without_replication`."""
+    dev = _compute_device(device)
+    probs = [torch.as_tensor(p).to(dev) for p in probs]
+    if not probs:
+        raise ValueError("probs must hold one access-probability tensor per partition")
+    prob_sum = torch.zeros(probs[0].shape[0], device=dev)
+    for p in probs:
+        if ids is None:
+            prob_sum += p
+        else:
+            ids_ = torch.as_tensor(ids).to(dev, torch.int64)
+            prob_sum[ids_] += p[ids_]
+    return prob_sum, torch.nonzero(prob_sum)
 
 
 def quiver_partition_feature(
@@ -148,62 +236,3 @@ def load_quiver_feature_partition(partition_idx: int, result_path):
         load(part / "partition_res.pth"),
         load(part / "cache_res.pth"),
     )
-
-
-class PartitionInfo:
-    """torch-quiver's ``PartitionInfo``: which host holds each row, and this host's rows.
-
-    A host's feature holds, in this order, the rows it owns (ascending ids) and then the
-    ``replicate`` rows (in the order given): torch-quiver's local layout.
-    ``DistFeature(feature, info, comm)`` (:mod:`quiver.feature.dist`) reads it.
-
-    Args:
-        device: where torch-quiver kept its maps (CPU here; a CUDA device is accepted and
-            the maps stay on the CPU).
-        host: this host's id (its ``torch.distributed`` rank).
-        hosts: the number of hosts.
-        global2host: ``[N]`` owner host of every node (``partition_book``).
-        replicate: ids of remote rows this host also holds (``cache_res``), or None.
-    """
-
-    def __init__(self, device, host: int, hosts: int, global2host, replicate=None):
-        owner = torch.as_tensor(global2host).to(torch.int64).cpu().reshape(-1)
-        self.device = device
-        self.host, self.hosts = int(host), int(hosts)
-        if not 0 <= self.host < self.hosts:
-            raise ValueError(f"host {host} out of range for {hosts} hosts")
-        if owner.numel() and (int(owner.min()) < 0 or int(owner.max()) >= self.hosts):
-            raise ValueError(f"global2host holds host ids outside [0, {self.hosts})")
-        self.owner = owner
-        self.size = owner.numel()
-        owned = torch.nonzero(owner == self.host).reshape(-1)
-        rep = (
-            torch.zeros(0, dtype=torch.int64)
-            if replicate is None
-            else torch.as_tensor(replicate).to(torch.int64).cpu().reshape(-1)
-        )
-        if rep.numel() and bool((owner[rep] == self.host).any()):
-            raise ValueError("replicate holds rows this host owns already")
-        #: global ids of this host's feature rows, in its local order
-        self.local_order = torch.cat([owned, rep])
-        self.replicate = rep if replicate is not None else None
-        self.global2host = owner.clone()
-        self.global2host[rep] = self.host
-        # torch-quiver's global2local: a row's index on the host that will answer it
-        self.global2local = torch.empty(self.size, dtype=torch.int64)
-        for h in range(self.hosts):
-            ids = torch.nonzero(owner == h).reshape(-1)
-            self.global2local[ids] = torch.arange(ids.numel())
-        self.global2local[rep] = torch.arange(owned.numel(), owned.numel() + rep.numel())
-
-    def dispatch(self, ids):
-        """``(host_ids, host_orders)``: per host, the local indices of the ``ids`` it answers
-        and their positions in ``ids`` (torch-quiver's routing of a gather)."""
-        ids = torch.as_tensor(ids).to(torch.int64).cpu().reshape(-1)
-        where = self.global2host[ids]
-        host_ids, host_orders = [], []
-        for h in range(self.hosts):
-            pos = torch.nonzero(where == h).reshape(-1)
-            host_orders.append(pos)
-            host_ids.append(self.global2local[ids[pos]])
-        return host_ids, host_orders

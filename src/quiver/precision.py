@@ -8,9 +8,12 @@ keeps per stage the faster one (bf16 only when it wins by a margin and its answe
 fp32). :func:`write_precision` records the choice with the machine it was measured on
 (:func:`machine`: the CPU's model name, its bf16-relevant feature flags and the cores this
 process may use) in the dataset's ``manifest.json`` (under ``"precision"``, beside the PSGS
-``"calibration"``); :func:`read_precision` reuses it on the next start on the same machine and
-returns nothing for another one, which then measures again. The model name alone does not
-do: "AMD EPYC" names EPYCs with and without AVX-512-BF16 units.
+``"calibration"``); :func:`read_precision` reuses it on the next start on the same machine, for
+the same weights (:func:`weights_id`) and fanouts, and returns nothing otherwise, which then
+measures again. The model name alone does not do: "AMD EPYC" names EPYCs with and without
+AVX-512-BF16 units. The entry keeps one record per (machine, weights, fanouts), the
+:data:`KEEP_RECORDS` most recent, so serving another model on the dataset never overwrites
+this one's decision (the ``"fold"`` decisions, ``quiver.serving.folded``, are kept the same way).
 
 Logits and embeddings leave the model in fp32 whatever runs inside (:class:`PrecisionModel`).
 """
@@ -43,7 +46,9 @@ __all__ = [
     "read_precision",
     "same_machine",
     "sampled_batches",
+    "stored_records",
     "update_manifest",
+    "weights_id",
     "write_precision",
 ]
 
@@ -52,6 +57,8 @@ PRECISIONS = ("auto", "fp32", "bf16")
 #: the stages a choice covers
 STAGES = ("gather", "model")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+#: measured decisions a manifest entry keeps (one per machine, weights and fanouts)
+KEEP_RECORDS = 8
 
 
 def cpu_model() -> str:
@@ -124,6 +131,22 @@ def model_id(model: nn.Module) -> str:
     return f"{type(inner).__name__}:{sum(p.numel() for p in params)}:{len(params)}"
 
 
+def weights_id(model: nn.Module) -> str:
+    """The checkpoint's content as served: a sha256 (16 hex digits) over the model's
+    ``state_dict`` (names, dtypes, shapes and bytes), so two checkpoints of one architecture
+    with other weights differ and a copy of a file does not."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        if not isinstance(t, torch.Tensor):
+            continue
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 @dataclass
 class PrecisionChoice:
     """The precision of each serving stage, as measured (or asked for).
@@ -137,6 +160,9 @@ class PrecisionChoice:
         cpu_cores: cores the measuring process could use (:func:`cpu_cores`).
         model_id: the model it was measured for (:func:`model_id`); another model measures
             again.
+        weights: the weights it was measured with (:func:`weights_id`); other weights (another
+            checkpoint) measure again. Empty in a record stored before it was kept.
+        sizes: the fanouts of the measured samples; other fanouts measure again.
         timings: ``{"gather": {"fp32": s, "bf16": s}, "model": {...}}``: summed seconds over
             the measured batches (model: fed rows of its chosen gather dtype).
         agreement: share of the measured seeds whose bf16-model argmax equals fp32's.
@@ -153,6 +179,8 @@ class PrecisionChoice:
     cpu_flags: list | None = None
     cpu_cores: int | None = None
     model_id: str = ""
+    weights: str = ""
+    sizes: list | None = None
     timings: dict = field(default_factory=dict)
     agreement: float | None = None
     max_abs_diff: float | None = None
@@ -369,6 +397,8 @@ def measure_precision(
         model=m,
         **machine(),
         model_id=model_id(model),
+        weights=weights_id(model),
+        sizes=[int(k) for k in getattr(sampler, "sizes", [])] or None,
         timings={
             "gather": dict(gather_t),
             "model": {mm: pair_t[(g, mm)] for mm in models if (g, mm) in pair_t},
@@ -402,31 +432,105 @@ def update_manifest(manifest_path, key: str, value, drop: tuple = ()) -> None:
     os.replace(tmp, p)
 
 
-def write_precision(manifest_path, choice: PrecisionChoice) -> None:
-    """Store ``choice`` under ``"precision"`` in a manifest.json, atomically (temp + rename).
+def stored_records(manifest: dict, key: str) -> list[dict]:
+    """The records a manifest entry holds, oldest first: a list of dicts, or one dict (as
+    stored before decisions were kept per model)."""
+    value = manifest.get(key)
+    if isinstance(value, dict):
+        return [value]
+    if isinstance(value, list):
+        return [d for d in value if isinstance(d, dict)]
+    return []
 
-    The ``"fold"`` decision stored beside it (``quiver.serving.folded.FoldChoice``) was
-    measured on top of the precision before, so it is removed: the next start measures it again.
+
+def update_records(manifest_path, key: str, record: dict, same, drop=None) -> None:
+    """Append ``record`` to the manifest's ``key`` records in place of those ``same(r)`` says
+    it replaces, keeping the :data:`KEEP_RECORDS` newest; with ``drop``, ``{other key:
+    predicate}``, also remove the other entries' records the predicate names. Atomic (temp +
+    rename)."""
+    p = Path(manifest_path)
+    if p.is_dir():
+        p = p / "manifest.json"
+    manifest = json.loads(p.read_text()) if p.exists() else {}
+    kept = [r for r in stored_records(manifest, key) if not same(r)]
+    manifest[key] = [*kept, record][-KEEP_RECORDS:]
+    for other, gone in (drop or {}).items():
+        if other in manifest:
+            left = [r for r in stored_records(manifest, other) if not gone(r)]
+            if left:
+                manifest[other] = left
+            else:
+                manifest.pop(other)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, p)
+
+
+def _precision_key(d: dict) -> tuple:
+    sizes = d.get("sizes")
+    return (
+        d.get("cpu_model"),
+        d.get("cpu_flags"),
+        d.get("cpu_cores"),
+        d.get("model_id"),
+        d.get("weights") or "",
+        [int(k) for k in sizes] if sizes else None,
+    )
+
+
+def write_precision(manifest_path, choice: PrecisionChoice) -> None:
+    """Store ``choice`` among the ``"precision"`` records of a manifest.json, atomically, in
+    place of a record for the same machine, weights and fanouts (the others stay).
+
+    The ``"fold"`` decisions (``quiver.serving.folded.FoldChoice``) measured for the same
+    weights on this machine were measured on top of the precision before, so they are
+    removed: the next start of that model measures its fold again.
     """
-    update_manifest(manifest_path, "precision", choice.to_json(), drop=("fold",))
+    record = choice.to_json()
+    key = _precision_key(record)
+
+    where = {k: record[k] for k in ("cpu_model", "cpu_flags", "cpu_cores")}
+
+    def same_weights_here(d: dict) -> bool:
+        same_weights = (d.get("weights") or "") == (record["weights"] or "")
+        return same_weights and same_machine(d, where)
+
+    update_records(
+        manifest_path,
+        "precision",
+        record,
+        same=lambda d: _precision_key(d) == key,
+        drop={"fold": same_weights_here},
+    )
 
 
 def read_precision(
-    manifest: dict, here: dict | None = None, model: nn.Module | None = None
+    manifest: dict,
+    here: dict | None = None,
+    model: nn.Module | None = None,
+    weights: str | None = None,
+    sizes=None,
 ) -> PrecisionChoice | None:
-    """The measured choice in ``manifest`` if it was measured on ``here`` (default: this
-    :func:`machine`: CPU model, bf16 flags, cores) and, when ``model`` is given, for a model of
-    the same :func:`model_id`; else None (no answer for this machine and model: measure
-    again)."""
-    d = manifest.get("precision")
-    if not d:
-        return None
-    try:
-        choice = PrecisionChoice.from_json(d)
-    except (TypeError, ValueError):
-        return None
-    if not same_machine(d, here):
-        return None
-    if model is not None and choice.model_id and choice.model_id != model_id(model):
-        return None
-    return choice
+    """The newest measured choice in ``manifest`` measured on ``here`` (default: this
+    :func:`machine`: CPU model, bf16 flags, cores) and, when given, for a model of the same
+    :func:`model_id`, the same weights (``weights``, default :func:`weights_id` of ``model``)
+    and the same fanouts (``sizes``); else None (no answer for this machine and model: measure
+    again). A record without weights (stored before they were kept) answers for none."""
+    if model is not None and weights is None:
+        weights = weights_id(model)
+    want_sizes = [int(k) for k in sizes] if sizes is not None else None
+    for d in reversed(stored_records(manifest, "precision")):
+        try:
+            choice = PrecisionChoice.from_json(d)
+        except (TypeError, ValueError):
+            continue
+        if not same_machine(d, here):
+            continue
+        if model is not None and choice.model_id and choice.model_id != model_id(model):
+            continue
+        if weights is not None and choice.weights != weights:
+            continue
+        if want_sizes is not None and choice.sizes is not None and choice.sizes != want_sizes:
+            continue
+        return choice
+    return None

@@ -143,9 +143,65 @@ SEQUENCE_AGGREGATIONS = ("LSTMAggregation", "GRUAggregation")
 _COUNT_KWARGS = ("num_sampled_nodes_per_hop", "num_sampled_edges_per_hop")
 
 
+#: what a file ``torch.load`` reads starts with: a zip archive (``torch.save``), or a pickle
+#: (protocol 2+, torch's legacy format)
+_CHECKPOINT_MAGIC = (b"PK\x03\x04", b"\x80")
+
+
+def _check_checkpoint_bytes(path: Path) -> None:
+    """``ValueError`` in one line when ``path`` cannot be a checkpoint ``torch.load`` reads (a
+    text file, an empty one, other bytes), before torch's own advice (e.g. to retry with
+    ``weights_only=False``) can mislead."""
+    with open(path, "rb") as f:
+        head = f.read(256)
+    if head.startswith(_CHECKPOINT_MAGIC):
+        return
+    expected = "expected a file written by torch.save (a zip archive) or torch.export.save"
+    if not head:
+        what = "the file is empty"
+    else:
+        try:
+            text = head.decode("utf-8")
+        except UnicodeDecodeError as e:  # a character cut at the end of the read is fine
+            text = head[: e.start].decode("utf-8") if e.start >= len(head) - 3 else None
+        if text is not None and all(c.isprintable() or c in "\t\r\n" for c in text):
+            first = text.strip().splitlines()[0] if text.strip() else ""
+            what = f"it is a text file (starting {first[:40]!r})"
+        else:
+            what = f"it starts with the bytes {head[:8]!r}"
+    raise ValueError(f"--checkpoint {path} is not a PyTorch checkpoint: {what}; {expected}")
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def heterogeneous_parts(module: nn.Module) -> str | None:
+    """What marks ``module`` as a heterogeneous-graph model (``HeteroConv`` layers, relation
+    layers ``to_hetero`` made, a ``forward(x_dict, edge_index_dict)``), or None."""
+    inner = getattr(module, "module", module)
+    try:
+        from torch_geometric.nn import HeteroConv, MessagePassing
+    except ImportError:  # pragma: no cover - torch_geometric is a dependency
+        return None
+    for m in inner.modules():
+        if isinstance(m, HeteroConv):
+            return "HeteroConv layers"
+        if (
+            isinstance(m, nn.ModuleDict)
+            and len(m)
+            and all(isinstance(c, MessagePassing) for c in m.values())
+            and all("__" in k for k in m.keys())
+        ):
+            return "one layer per relation (to_hetero)"
+    try:
+        params = inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    if "x_dict" in params or "edge_index_dict" in params:
+        return "forward(x_dict, edge_index_dict)"
+    return None
 
 
 def message_passing_layers(module: nn.Module) -> list[nn.Module]:
@@ -566,8 +622,11 @@ def _build(spec: str, kwargs: dict | None = None, origin: str | None = None) -> 
 
 _PLAIN = (str, int, float, bool, type(None))
 
+#: the factory of Quiver's own GNN (``quiver.models.sampled_gnn``), which ``quiver
+#: train-model`` checkpoints record; named here, below ``quiver.models``, which imports it
+QUIVER_GNN_FACTORY = "quiver.models:sampled_gnn"
 #: factories a checkpoint may name and have called without ``--model`` or ``--trust-pickle``
-_TRUSTED_FACTORIES = ("quiver.models:sampled_gnn",)
+_TRUSTED_FACTORIES = (QUIVER_GNN_FACTORY,)
 
 
 def _is_plain(v) -> bool:
@@ -889,6 +948,7 @@ def load_served_model(
         served.hop_detail = detail
         served.out_degrees = degrees >= 2 and convention != "adjs"
         return served, _info(served, f"torch.export {path.name}", None)
+    _check_checkpoint_bytes(path)
     try:
         with warnings.catch_warnings():  # e.g. the pickle protocol: the error below says it all
             warnings.simplefilter("ignore")
@@ -976,9 +1036,7 @@ def _recorded_factory(path: Path, obj) -> tuple[str, dict] | None:
                 f"--checkpoint {path}: 'factory' must be 'package.module:function', got {spec!r}"
             )
     elif "config" in obj:  # the format before: quiver.models.ModelConfig's fields
-        from quiver.models import FACTORY
-
-        spec, kwargs = FACTORY, obj["config"]
+        spec, kwargs = QUIVER_GNN_FACTORY, obj["config"]
     else:
         return None
     if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
@@ -1011,19 +1069,8 @@ def _from_recorded(
     _fit_state_dict(module, obj["state_dict"], str(path), what)
     module.to(map_location).eval()
     fanouts = obj.get("fanouts")
-    from quiver.models import SampledGNN
-
-    if isinstance(module, SampledGNN):  # Quiver's own GNN takes the sampler's adjs as they are
-        cfg = module.cfg
-        info = {
-            "kind": f"{cfg.kind} x{cfg.num_layers}",
-            "fanouts": list(fanouts) if fanouts else None,
-            "frontier": False,
-            "extra_hops": 0,
-            "num_layers": cfg.num_layers,
-            "convention": "adjs",
-            "in_dim": cfg.in_dim,
-        }
-        return module, info
+    describe = getattr(module, "quiver_served_info", None)
+    if callable(describe):  # Quiver's own GNN takes the sampler's adjs as they are
+        return module, describe(fanouts)
     served = ServedModel(module, convention, source=spec)
     return served, _info(served, f"{spec} ({type(module).__name__})", fanouts)

@@ -269,10 +269,12 @@ def test_auto_decisions_are_reused_at_restart(world, monkeypatch, tmp_path):
         assert s2.engine.features.dtype == s1.engine.features.dtype
         assert s2.info.count("from the manifest") == 2, s2.info
     m = json.loads((data / "manifest.json").read_text())
-    assert m["fold"]["cpu_flags"] == precision.cpu_flags() == m["precision"]["cpu_flags"]
+    (fold_rec,), (prec_rec,) = m["fold"], m["precision"]
+    assert fold_rec["cpu_flags"] == precision.cpu_flags() == prec_rec["cpu_flags"]
+    assert fold_rec["weights"] == prec_rec["weights"] != ""
     # re-measuring the precision on request (quiver calibrate --checkpoint) drops the fold
     # decision measured on top of it: the next start measures the fold again
-    precision.write_precision(data, precision.PrecisionChoice.from_json(m["precision"]))
+    precision.write_precision(data, precision.PrecisionChoice.from_json(prec_rec))
     assert "fold" not in json.loads((data / "manifest.json").read_text())
     _serve(data, d / "sage.pt", fold="auto", precision="auto")
     assert calls == ["fold"]
@@ -300,8 +302,76 @@ def test_auto_keeps_the_first_fold_decision_whatever_later_timings_say(
     np.testing.assert_array_equal(again, first)
     # a machine with other bf16 units (here: a record naming one more flag) measures again
     m = json.loads((data / "manifest.json").read_text())
-    m["fold"]["cpu_flags"] = m["fold"]["cpu_flags"] + ["amx_bf16_elsewhere"]
+    m["fold"][-1]["cpu_flags"] = m["fold"][-1]["cpu_flags"] + ["amx_bf16_elsewhere"]
     (data / "manifest.json").write_text(json.dumps(m))
     _, _, s3 = _serve(data, d / "sage.pt", fold="auto")
     assert not isinstance(s3.engine.features, FoldedFirstLayer)
     assert "first layer not folded (measured 0.50x" in s3.info
+
+
+def test_two_checkpoints_on_one_directory_each_keep_their_decisions(world, monkeypatch, tmp_path):
+    """Two checkpoints of one architecture (other weights) started alternately on one dataset
+    directory: each start after its first reads that checkpoint's own precision and fold
+    decisions (nothing measured) and serves the same tables; one never overwrites the
+    other's (the decisions used to be one manifest slot, which the next model replaced)."""
+    from quiver import precision
+
+    d, *_ = world
+    data = _fresh_data(world, tmp_path)
+    other = _model(seed=1)
+    save_checkpoint(tmp_path / "other.pt", other, {"fanouts": FANOUTS})
+    ckpts = {"a": d / "sage.pt", "b": tmp_path / "other.pt"}
+    calls = []
+    # model a: the folded path measured 2x faster; model b: 2x slower
+    timings = {"a": (2.0, 1.0), "b": (1.0, 2.0)}
+    current = []
+
+    def fixed(sampler, features, model, folds, *a, **k):
+        calls.append(("fold", current[-1]))
+        unfolded, folded = timings[current[-1]]
+        return {"unfolded_s": unfolded, "folded_s": dict.fromkeys(folds, folded)}
+
+    real_precision = precision.measure_precision
+
+    def counted(*a, **k):
+        calls.append(("precision", current[-1]))
+        return real_precision(*a, **k)
+
+    monkeypatch.setattr(folded_mod, "measure_fold", fixed)
+    monkeypatch.setattr(precision, "measure_precision", counted)
+    first = {}
+    for start, name in enumerate("abab"):
+        current.append(name)
+        logits, _, server = _serve(data, ckpts[name], fold="auto", precision="auto")
+        is_folded = isinstance(server.engine.features, FoldedFirstLayer)
+        assert is_folded == (name == "a"), server.info
+        if start < 2:
+            assert calls == [("precision", name), ("fold", name)]
+            first[name] = logits
+        else:
+            assert calls == [], server.info  # its own decisions, read back
+            assert server.info.count("from the manifest") == 2, server.info
+            np.testing.assert_array_equal(logits, first[name])
+        calls.clear()
+    m = json.loads((data / "manifest.json").read_text())
+    assert len(m["precision"]) == 2 and len(m["fold"]) == 2
+    assert len({r["weights"] for r in m["fold"]}) == 2
+
+
+def test_decision_records_are_bounded_and_replaced_by_key(tmp_path):
+    from quiver import precision
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"name": "x"}))
+    for i in range(precision.KEEP_RECORDS + 3):
+        rec = precision.PrecisionChoice(**precision.machine(), model_id="M", weights=f"w{i}")
+        precision.write_precision(tmp_path, rec)
+    again = precision.PrecisionChoice("bf16", "fp32", **precision.machine(), model_id="M")
+    again.weights = "w10"
+    precision.write_precision(tmp_path, again)  # replaces w10's record, moves it last
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    weights = [r["weights"] for r in m["precision"]]
+    assert len(weights) == precision.KEEP_RECORDS and weights[-1] == "w10"
+    assert weights[:-1] == [f"w{i}" for i in range(3, 10)] and m["name"] == "x"
+    assert precision.read_precision(m, weights="w10").gather == "bf16"
+    assert precision.read_precision(m, weights="w0") is None  # dropped, the oldest
+    assert precision.read_precision(m, weights="w4").gather == "fp32"

@@ -12,7 +12,13 @@ from quiver.cli import main as quiver_main
 from quiver.datasets import convert_features, load_prepared, save_prepared
 from quiver.feature import Feature
 from quiver.models import ModelConfig, _sage_csr, build_model, save_checkpoint
-from quiver.precision import PrecisionChoice, PrecisionModel, cpu_model, measure_precision
+from quiver.precision import (
+    PrecisionChoice,
+    PrecisionModel,
+    cpu_model,
+    measure_precision,
+    stored_records,
+)
 from quiver.pyg import GraphSageSampler
 from quiver.serving import ServeConfig
 from quiver.serving.server import Server
@@ -110,7 +116,7 @@ def test_sage_bf16_aggregation_matches_fp32():
 def test_auto_records_choice_with_cpu_model_and_reuses_it(world, tmp_path, monkeypatch):
     data, ckpt = _copy_data(world, tmp_path)
     _, server = _logits(data, ckpt, precision="auto")
-    rec = json.loads((data / "manifest.json").read_text())["precision"]
+    rec = stored_records(json.loads((data / "manifest.json").read_text()), "precision")[-1]
     assert rec["cpu_model"] == cpu_model() and rec["cpu_model"]
     assert rec["gather"] in ("fp32", "bf16") and rec["model"] in ("fp32", "bf16")
     assert set(rec["timings"]["gather"]) == {"fp32", "bf16"}
@@ -140,7 +146,7 @@ def test_auto_says_why_it_refused_a_bf16_model(world, tmp_path, monkeypatch):
     strict = functools.partial(precision.measure_precision, min_agreement=1.01)  # unreachable
     monkeypatch.setattr(precision, "measure_precision", strict)
     _, server = _logits(data, ckpt, precision="auto")
-    rec = json.loads((data / "manifest.json").read_text())["precision"]
+    rec = stored_records(json.loads((data / "manifest.json").read_text()), "precision")[-1]
     why = f"bf16 model argmax agreement {rec['agreement']:.4f} < 1.01"
     assert rec["model"] == "fp32" and rec["note"] == why
     assert "model fp32" in server.info and why in server.info and "measured now" in server.info
@@ -166,7 +172,7 @@ def test_auto_rechecks_for_another_cpu_model_or_model(world, tmp_path, monkeypat
     monkeypatch.setattr("quiver.precision.measure_precision", counting)
     _, server = _logits(data, ckpt, precision="auto")
     assert calls == [1]
-    rec = json.loads((data / "manifest.json").read_text())["precision"]
+    rec = stored_records(json.loads((data / "manifest.json").read_text()), "precision")[-1]
     assert rec["cpu_model"] == cpu_model() and rec["model_id"].startswith("SampledGNN:")
     assert (rec["gather"], rec["model"]) == ("fp32", "fp32")
     assert type(server.engine.model).__name__ == "SampledGNN"
@@ -206,7 +212,7 @@ def test_auto_rechecks_on_the_same_cpu_name_with_other_units(world, tmp_path, mo
     from quiver.precision import machine
 
     here = machine()
-    rec = json.loads((data / "manifest.json").read_text())["precision"]
+    rec = stored_records(json.loads((data / "manifest.json").read_text()), "precision")[-1]
     assert rec["cpu_flags"] == here["cpu_flags"] and rec["cpu_cores"] == here["cpu_cores"] == cores
     # the same machine reads it back
     _, server = _logits(data, ckpt, precision="auto")
@@ -295,11 +301,20 @@ def test_prepare_feature_dtype_bf16_cli(tmp_path, capsys):
     assert ds.features.dtype == torch.bfloat16 and torch.equal(ds.features, want)
 
 
-def test_calibrate_checkpoint_records_precision(world, tmp_path, capsys):
+def test_calibrate_checkpoint_records_precision(world, tmp_path, capsys, monkeypatch):
     data, ckpt = _copy_data(world, tmp_path)
     argv = ["calibrate", str(data), "--checkpoint", str(ckpt), "--no-sampling"]
     assert quiver_main([*argv, "--precision-batches", "8,32", "--precision-repeats", "2"]) == 0
     out = capsys.readouterr().out
-    rec = json.loads((data / "manifest.json").read_text())["precision"]
+    rec = stored_records(json.loads((data / "manifest.json").read_text()), "precision")[-1]
     assert rec["cpu_model"] == cpu_model() and rec["batch_sizes"] == [8, 32]
     assert "gather:" in out and "model:" in out and "['precision']" in out
+    # the record answers for this checkpoint's weights and fanouts: serve reuses it
+    assert rec["weights"] and rec["sizes"]
+
+    def no_timing(*a, **k):
+        raise AssertionError("re-timed although quiver calibrate recorded this checkpoint")
+
+    monkeypatch.setattr("quiver.precision.measure_precision", no_timing)
+    _, server = _logits(data, ckpt, precision="auto")
+    assert "from the manifest" in server.info

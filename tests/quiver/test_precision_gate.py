@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from quiver.precision import measure_precision
+from quiver.precision import measure_precision, stored_records
 
 N, DIM, CLASSES = 64, 8, 4
 
@@ -114,5 +114,5 @@ def test_calibrate_prints_why_bf16_was_refused(capsys, tmp_path, monkeypatch):
     out = capsys.readouterr().out
     assert "note: bf16 model argmax agreement 0.5000 < 0.99" in out
     assert "model fp32" in out
-    rec = json.loads((tmp_path / "manifest.json").read_text())["precision"]
+    rec = stored_records(json.loads((tmp_path / "manifest.json").read_text()), "precision")[-1]
     assert rec["model"] == "fp32" and rec["agreement"] == 0.5 and "agreement" in rec["note"]

@@ -250,3 +250,33 @@ def test_feature_width_mismatch_names_both_widths(env, capsys, tmp_path, precisi
     line = _serve(capsys, data, *args, "--fanouts", "3,3", "--precision", precision)
     assert "takes 6 features per node" in line and "has 5" in line, line
     assert "features.npy" in line and "mat1" not in line, line
+
+
+@pytest.mark.parametrize("text", ['{"epochs": 3}\n', "ciao\n", "weights go here\nline 2\n"])
+def test_text_file_as_checkpoint_says_it_is_not_one(env, capsys, text):
+    """torch's own error for a text file advises retrying with ``weights_only=False`` (or, for
+    text starting with a pickle GLOBAL opcode like ``c``, reads as pickled code): the line
+    says instead that the file is text, not a checkpoint, and what was expected."""
+    d, _ = env
+    notes = d / "notes.pt"
+    notes.write_text(text)
+    line = _serve(
+        capsys, d / "data", "--checkpoint", str(notes), "--model", "quiver_startup_factory:sage"
+    )
+    first = text.splitlines()[0]
+    assert f"--checkpoint {notes} is not a PyTorch checkpoint: it is a text file" in line
+    assert repr(first) in line and "expected a file written by torch.save" in line
+    assert "weights_only" not in line and "pickled" not in line
+
+
+def test_hetero_checkpoint_on_a_homogeneous_directory(env, capsys, tmp_path):
+    """A heterogeneous model's checkpoint given for a homogeneous dataset used to be reported
+    as "2 fanouts but the model has 14 message-passing layers"."""
+    from hetero_cases import FACTORY, mag_sage
+
+    d, _ = env
+    *_, ckpt = mag_sage(tmp_path)
+    line = _serve(capsys, d / "data", "--checkpoint", str(ckpt), "--model", FACTORY)
+    assert f"--checkpoint {ckpt} is a heterogeneous model checkpoint (HeteroConv layers)" in line
+    assert f"{d / 'data'} is a homogeneous dataset" in line
+    assert "message-passing layers" not in line

@@ -12,6 +12,7 @@ import os
 import pickle
 import subprocess
 import sys
+import time
 import warnings
 
 import numpy as np
@@ -56,7 +57,9 @@ def test_import_quiver_alone_exposes_torch_quiver_names():
         "cheap = 'torch' not in sys.modules\n"
         "names = [quiver.pyg.GraphSageSampler, quiver.utils.CSRTopo, quiver.CSRTopo,\n"
         "         quiver.Feature, quiver.feature.DeviceConfig, quiver.p2pCliqueTopo,\n"
-        "         quiver.init_p2p, quiver.generate_neighbour_num, quiver.HybridSampler]\n"
+        "         quiver.init_p2p, quiver.generate_neighbour_num, quiver.HybridSampler,\n"
+        "         quiver.InferenceServer_Debug, quiver.shard_tensor.ShardTensorConfig,\n"
+        "         quiver.partition.partition_without_replication, quiver.feature.PartitionInfo]\n"
         "assert quiver.utils.CSRTopo is quiver.CSRTopo\n"
         "print(cheap)\n"
     )
@@ -591,3 +594,190 @@ def test_request_batcher_and_inference_server_pipeline(tmp_path, mode):
         streams[0].put(None)
         if sampler is not None:
             sampler.stop()
+
+
+def _serving_world(tmp_path):
+    ei = _directed_edges(seed=7)
+    topo = quiver.CSRTopo(ei)
+    x = torch.randn(N, 5, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    model = _AdjsSAGE().eval()
+    path = tmp_path / "model.pt"
+    torch.save(model, path)
+    return topo, x, model, path
+
+
+def test_inference_server_start_blocks_as_in_torch_quivers_serving_example(tmp_path):
+    """torch-quiver's ``start()`` is ``mp.spawn(..., join=True)`` and its example
+    (``examples/serving/reddit/reddit_serving.py``) calls it last, after starting the request
+    and result-printing processes: it serves until the workers end. Here the reader stops the
+    server once it has every answer, and the blocked ``start()`` then returns."""
+    import threading
+
+    topo, x, model, path = _serving_world(tmp_path)
+    ctx = mp.get_context("spawn")
+    streams = [ctx.Queue()]
+    batcher = quiver.RequestBatcher(1, streams, 1, sample_mode="GPU")
+    server = quiver.InferenceServer(
+        model_path=str(path), device_list=[0], x_feature=x,
+        task_queue_list=batcher.batched_request_queue_list(), sample_mode="GPU",
+        csr_topo=topo, sizes=[-1, -1], proc_num_per_device=1,
+    )  # fmt: skip
+    results = server.result_queue_list()
+    batches = [torch.tensor([0, 5, 7]), torch.tensor([39, 1]), torch.tensor([3])]
+    got = []
+
+    def print_result():  # the example's result process
+        try:
+            for _ in batches:
+                got.append(results[0].get(timeout=60))
+        finally:
+            server.stop()  # also when an answer never came: start() must not hang the test
+
+    reader = threading.Thread(target=print_result, daemon=True)
+    reader.start()
+    for seeds in batches:  # the example's request process, started before start()
+        streams[0].put(seeds)
+    server.start()  # blocks until the reader stops the server
+    reader.join(5)
+    assert not reader.is_alive() and len(got) == len(batches)
+    reference = GraphSageSampler(topo, [-1, -1], mode="CPU")
+    for seeds, out in zip(batches, got):
+        n_id, _, adjs = reference.sample(seeds)
+        with torch.no_grad():
+            torch.testing.assert_close(out, model(x[n_id], adjs), rtol=0, atol=1e-5)
+    streams[0].put(None)
+
+
+@pytest.mark.parametrize("mode", ["CPU", "GPU"])
+def test_inference_server_debug_reports_latency_and_saves_rows(tmp_path, mode, capsys):
+    """``quiver.InferenceServer_Debug`` with torch-quiver's arguments (``result_path``,
+    ``exp_id``, ``ignord_length``): an idle queue makes each worker print its summary and save
+    ``{exp_id}_{CPU|GPU}_{rank}.npy``, one row per batch after the ignored ones."""
+    topo, x, _, path = _serving_world(tmp_path)
+    ctx = mp.get_context("spawn")
+    streams = [ctx.Queue()]
+    batcher = quiver.RequestBatcher(1, streams, 1, sample_mode=mode)
+    tasks = batcher.batched_request_queue_list()
+    sampler = None
+    if mode == "CPU":
+        sampler = quiver.HybridSampler(topo, [-1, -1], 1, 1, tasks)
+        sampler.start()
+        tasks = sampler.sampled_request_queue_list()
+    out_dir = tmp_path / "result"
+    server = quiver.InferenceServer_Debug(
+        model_path=str(path), device_list=[0], x_feature=x, task_queue_list=tasks,
+        sample_mode=mode, csr_topo=topo, sizes=[-1, -1], result_path=str(out_dir),
+        exp_id="exp", ignord_length=1, proc_num_per_device=1,
+    )  # fmt: skip
+    server.idle_s = 0.5
+    server.start(join=False)
+    try:
+        for i in range(4):
+            streams[0].put(torch.tensor([i, i + 10]))
+        deadline = time.monotonic() + 60
+        while not server.summaries and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.stop()
+        streams[0].put(None)
+        if sampler is not None:
+            sampler.stop()
+    (summary,) = server.summaries
+    assert summary["kind"] == mode and summary["total"] == 6  # 3 batches of 2 after 1 ignored
+    rows = np.load(out_dir / f"exp_{mode}_0.npy")
+    assert rows.shape == (3, 5) and rows[:, 3].tolist() == [2, 2, 2]
+    assert bool((rows[:, 2] >= rows[:, 0]).all()) and bool((rows[:, 4] >= 2).all())
+    assert f"{mode} Rank 0: Avg Latency:" in capsys.readouterr().out
+    assert server.result_queue_list()[0].empty()  # timings, not outputs
+
+
+# ---------------------------------------------------------------------------- shard_tensor
+
+
+def test_shard_tensor_host_parts_as_torch_quivers_feature_builds_them():
+    """``from quiver.shard_tensor import ShardTensor, ShardTensorConfig`` (torch-quiver's
+    ``feature.py`` and DGL benchmarks): parts appended in order, ``shard[ids]`` in row order."""
+    from quiver.shard_tensor import ShardTensor, ShardTensorConfig
+
+    assert quiver.shard_tensor.ShardTensor is ShardTensor
+    x = torch.randn(30, 4, generator=torch.Generator().manual_seed(0))
+    shard = ShardTensor(0, ShardTensorConfig({}))
+    shard.append(x, -1)
+    ids = torch.tensor([29, 0, 7, 7])
+    assert torch.equal(shard[ids], x[ids]) and shard.shape == [30, 4] and shard.size(0) == 30
+    whole = ShardTensor(0, ShardTensorConfig({}))
+    whole.from_cpu_tensor(x)  # no budgets: every row in host memory
+    assert torch.equal(whole[ids], x[ids]) and whole.cpu_tensor is not None
+    clone = ShardTensor.new_from_share_ipc(whole.share_ipc(), 0)
+    assert torch.equal(clone[ids], x[ids])
+    with pytest.raises(ValueError, match="appended last"):
+        shard.append(x, -1)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU-only refusal")
+def test_shard_tensor_gpu_parts_without_cuda_raise_one_line():
+    from quiver.shard_tensor import ShardTensor, ShardTensorConfig
+
+    x = torch.randn(30, 4)
+    with pytest.raises(ValueError, match="device 0 is a GPU and CUDA is not available"):
+        ShardTensor(0, ShardTensorConfig({})).append(x[:10], 0)
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        ShardTensor(0, ShardTensorConfig({0: "64"})).from_cpu_tensor(x)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_shard_tensor_gpu_and_host_parts():
+    from quiver.shard_tensor import ShardTensor, ShardTensorConfig
+
+    x = torch.randn(30, 4)
+    shard = ShardTensor(0, ShardTensorConfig({0: 10 * 4 * 4}))
+    shard.from_cpu_tensor(x)
+    ids = torch.tensor([29, 0, 9, 10])
+    got = shard[ids]
+    assert got.device.type == "cuda" and torch.equal(got.cpu(), x[ids])
+    assert shard.shard_tensor_config.tensor_offset_device[0].end == 10
+
+
+# ---------------------------------------------------------------------------- partition names
+
+
+def test_partition_without_replication_as_torch_quivers_preprocess_calls_it():
+    """torch-quiver's ``benchmarks/*/preprocess.py``: ``_, nz = select_nodes(0, probs, None)``;
+    ``res = partition_without_replication(0, probs, nz.squeeze())``;
+    ``global2host[res[h]] = h``. Every accessed node gets exactly one host, hosts get equal
+    shares per round, and each host mostly gets the nodes it reads more."""
+    from quiver.partition import partition_without_replication, select_nodes
+
+    g = torch.Generator().manual_seed(0)
+    n, hosts = 500, 2
+    probs = [torch.rand(n, generator=g) for _ in range(hosts)]
+    probs[0][:50] = 0
+    probs[1][:50] = 0  # nobody reads the first 50
+    prob_sum, nz = select_nodes(0, probs, None)
+    assert torch.allclose(prob_sum, probs[0] + probs[1]) and nz.shape == (450, 1)
+    res = partition_without_replication(0, probs, nz.squeeze())
+    global2host = torch.full((n,), -1, dtype=torch.int32)
+    for h in range(hosts):
+        global2host[res[h]] = h
+    assert torch.equal(torch.sort(torch.cat(res)).values, nz.squeeze())  # one host each
+    assert bool((global2host[:50] == -1).all())
+    assert abs(res[0].numel() - res[1].numel()) <= 32
+    for h in range(hosts):
+        assert float((probs[h] - probs[1 - h])[res[h]].mean()) > 0.2
+    whole = partition_without_replication("cpu", probs, None)  # every node, ids 0..N-1
+    assert torch.equal(torch.sort(torch.cat(whole)).values, torch.arange(n))
+    # the local split of the same script: a subset's positions, one list per GPU
+    local = partition_without_replication(0, [p[:100] for p in probs], torch.arange(10, 90))
+    assert torch.equal(torch.sort(torch.cat(local)).values, torch.arange(10, 90))
+
+
+def test_partition_info_is_reachable_as_quiver_feature_partition_info():
+    """torch-quiver's training scripts build ``quiver.feature.PartitionInfo(device, host,
+    hosts, global2host, replicate)``; it is the class ``DistFeature`` reads."""
+    book = torch.tensor([0, 1, 1, 0])
+    info = quiver.feature.PartitionInfo(0, 1, 2, book)
+    assert quiver.feature.PartitionInfo is quiver.PartitionInfo is quiver.partition.PartitionInfo
+    assert info.local_order.tolist() == [1, 2]
+    host_ids, _ = info.dispatch(torch.tensor([3, 2]))
+    assert host_ids[0].tolist() == [1] and host_ids[1].tolist() == [1]

@@ -5,6 +5,7 @@ across hosts (``DistFeature`` for training, ``PeerFeature`` for serving)."""
 from quiver.feature.cliques import detect_cliques
 from quiver.feature.dist import DistFeature
 from quiver.feature.partition import Partition, Router, load_partition, make_partition
+from quiver.feature.partition_info import PartitionInfo
 from quiver.feature.peer import PeerConfig, PeerFeature
 from quiver.feature.placement import PLACEMENTS, hot_order
 from quiver.feature.sizes import parse_bytes
@@ -16,6 +17,7 @@ __all__ = [
     "PeerFeature",
     "PeerConfig",
     "Partition",
+    "PartitionInfo",
     "Router",
     "load_partition",
     "make_partition",

@@ -54,7 +54,7 @@ class DistFeature:
 
         if not dist.is_available() or not dist.is_initialized():
             raise ValueError("DistFeature needs torch.distributed initialised (init_process_group)")
-        from quiver.partition import PartitionInfo
+        from quiver.feature.partition_info import PartitionInfo
 
         self.info = self.comm = None
         if isinstance(local_ids, PartitionInfo):  # torch-quiver's (feature, info, comm)

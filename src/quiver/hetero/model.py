@@ -182,12 +182,13 @@ def _materialise(module: nn.Module, probe: HeteroInput | None) -> None:
 
 def read_hetero_checkpoint(checkpoint):
     """The checkpoint file's contents (weights-only load), or a one-line error."""
-    from quiver.usermodel import _check_readable, _one_line
+    from quiver.usermodel import _check_checkpoint_bytes, _check_readable, _one_line
 
     path = Path(checkpoint)
     if not path.is_file():
         raise FileNotFoundError(f"--checkpoint {path}: no such file")
     _check_readable(path)
+    _check_checkpoint_bytes(path)
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:

@@ -774,9 +774,10 @@ def _probe(served: nn.Module, conv: nn.Module) -> str | None:
 
 @dataclass
 class FoldChoice:
-    """What ``--fold-first-layer auto`` measured, stored in the dataset's manifest (``"fold"``)
-    and reused as is by every later start on the same machine, model, precision and fanouts,
-    so a restart serves the same tables (the same logits) without measuring again.
+    """What ``--fold-first-layer auto`` measured, stored in the dataset's manifest (one of the
+    ``"fold"`` records) and reused as is by every later start on the same machine, weights,
+    precision and fanouts, so a restart serves the same tables (the same logits) without
+    measuring again; a decision for other weights (another checkpoint) is kept beside it.
 
     Attributes:
         folded: whether the folded path won.
@@ -786,6 +787,7 @@ class FoldChoice:
         model: the precision of the model it was measured with.
         sizes: the sampled fanouts of the measured batches.
         model_id: the model (``quiver.precision.model_id``).
+        weights: its weights (``quiver.precision.weights_id``).
         cpu_model: the machine (``quiver.precision.machine``): CPU model name,
         cpu_flags: its bf16-relevant flags
         cpu_cores: and the cores the measuring process could use.
@@ -799,6 +801,7 @@ class FoldChoice:
     model: str = "fp32"
     sizes: list = field(default_factory=list)
     model_id: str = ""
+    weights: str = ""
     cpu_model: str = ""
     cpu_flags: list | None = None
     cpu_cores: int | None = None
@@ -806,31 +809,47 @@ class FoldChoice:
 
     def key(self) -> tuple:
         """What a stored choice must match to be reused (beside the machine)."""
-        return (self.gather, self.model, [int(k) for k in self.sizes], self.model_id)
+        return (
+            self.gather,
+            self.model,
+            [int(k) for k in self.sizes],
+            self.model_id,
+            self.weights,
+        )
+
+
+def _stored_fold(d: dict) -> FoldChoice | None:
+    try:
+        return FoldChoice(**{k: v for k, v in d.items() if k in FoldChoice.__dataclass_fields__})
+    except TypeError:
+        return None
 
 
 def read_fold(manifest: dict, want: FoldChoice) -> FoldChoice | None:
-    """The stored ``"fold"`` decision when it was measured on this machine for ``want``'s
+    """The newest stored ``"fold"`` decision measured on this machine for ``want``'s
     :meth:`FoldChoice.key`; else None (measure again)."""
-    from quiver.precision import same_machine
+    from quiver.precision import same_machine, stored_records
 
-    d = manifest.get("fold")
-    if not isinstance(d, dict):
-        return None
-    try:
-        stored = FoldChoice(**{k: v for k, v in d.items() if k in FoldChoice.__dataclass_fields__})
-    except TypeError:
-        return None
-    if not same_machine(d) or stored.key() != want.key():
-        return None
-    if stored.folded and stored.table not in ("fp32", "bf16"):
-        return None
-    return stored
+    for d in reversed(stored_records(manifest, "fold")):
+        stored = _stored_fold(d)
+        if stored is None or not same_machine(d) or stored.key() != want.key():
+            continue
+        if stored.folded and stored.table not in ("fp32", "bf16"):
+            continue
+        return stored
+    return None
 
 
 def write_fold(manifest_path, choice: FoldChoice) -> None:
-    """Store ``choice`` under ``"fold"`` in a manifest.json (atomically), with this machine."""
-    from quiver.precision import machine, update_manifest
+    """Store ``choice`` among the ``"fold"`` records of a manifest.json (atomically), with this
+    machine, in place of a record for the same key and machine (the others stay)."""
+    from quiver.precision import machine, same_machine, update_records
 
     choice.created = choice.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    update_manifest(manifest_path, "fold", {**asdict(choice), **machine()})
+    here = machine()
+
+    def same(d: dict) -> bool:
+        stored = _stored_fold(d)
+        return stored is not None and same_machine(d, here) and stored.key() == choice.key()
+
+    update_records(manifest_path, "fold", {**asdict(choice), **here}, same)

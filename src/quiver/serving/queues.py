@@ -25,11 +25,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-__all__ = ["InferenceServer", "RequestBatcher"]
+__all__ = ["InferenceServer", "InferenceServer_Debug", "RequestBatcher"]
 
 log = logging.getLogger("quiver.serving")
 
@@ -201,25 +203,41 @@ class InferenceServer:
             source = self.gpu_task_queue_list[lane]
         else:
             source = self.cpu_sampled_queue_list[lane]
-        out_q = self.output_queue_list[rank]
+        idle = 0.0
         while not self._stop.is_set():
             try:
                 item = source.get(timeout=0.1)
             except queue.Empty:
+                idle += 0.1
+                self._idle(rank, idle)
                 continue
+            idle = 0.0
             if item is None:
-                return
+                break
+            start = time.perf_counter()
             if sampler is not None:
-                n_id, _, adjs = sampler.sample(torch.as_tensor(item))
+                n_id, batch_size, adjs = sampler.sample(torch.as_tensor(item))
+                sampled = time.perf_counter()  # a time, as torch-quiver's column holds
             else:
-                n_id, _, adjs = item[0]
+                (n_id, batch_size, adjs), sampled = item  # the sampler's seconds
             with torch.inference_mode():
                 out = model(self.x_feature[n_id], adjs)
-            out_q.put(out.cpu())
+            self._emit(rank, out, [start, sampled, time.perf_counter(), batch_size, len(n_id)])
+        self._idle(rank, float("inf"))
+
+    def _emit(self, rank: int, out: torch.Tensor, timing: list) -> None:
+        """One batch done: its output to this worker's queue."""
+        self.output_queue_list[rank].put(out.cpu())
+
+    def _idle(self, rank: int, seconds: float) -> None:
+        """This worker's queue has been empty for ``seconds`` (``inf``: the worker ends)."""
 
     def start(self, join: bool = True) -> None:
-        """Start the workers; with ``join`` (torch-quiver's behaviour) wait until they end
-        (:meth:`stop`, or ``None`` on each of their queues)."""
+        """Start the workers. With ``join`` (the default) wait until they end, as
+        torch-quiver's ``start()`` does (it runs ``mp.spawn(..., join=True)`` and its serving
+        example calls it last, once the request and result processes are running); they end
+        on :meth:`stop` (from another thread) or ``None`` on each of their queues.
+        ``join=False`` returns at once: feed and read the queues, then :meth:`stop`."""
         for rank in range(self.num_proc):
             t = threading.Thread(
                 target=self._run, args=(rank,), daemon=True, name=f"quiver-infer-{rank}"
@@ -236,3 +254,101 @@ class InferenceServer:
         for t in self._threads:
             t.join(timeout)
         self._threads = []
+
+
+class InferenceServer_Debug(InferenceServer):  # noqa: N801 - torch-quiver's name
+    """torch-quiver's ``InferenceServer_Debug``: the same workers, timing each batch instead
+    of returning outputs (the result queues stay empty).
+
+    When a worker's queue has been empty for :attr:`idle_s` seconds (torch-quiver: 10) or it
+    ends, it prints one line (average and p99 latency, sampling and feature + inference
+    latency, throughput, seeds) and, with ``result_path``, saves its rows to
+    ``{result_path}/{exp_id}_{CPU|GPU}_{rank}.npy``: ``[start, sampled, end, batch_size,
+    sampled_nodes]`` per batch after the first ``ignord_length``, where ``sampled`` is the
+    time sampling ended (``GPU`` workers, which sample here) or the sampler's seconds (``CPU``
+    workers). Each summary is also kept in :attr:`summaries`. Latency counts from the batch
+    leaving the queue (torch-quiver starts the clock before waiting on the queue).
+
+    Args: as :class:`InferenceServer`, in torch-quiver's order, plus
+        result_path: a folder for the ``.npy`` rows (None: print only).
+        exp_id: the files' prefix.
+    """
+
+    #: seconds a worker's queue stays empty before it reports (torch-quiver's get timeout)
+    idle_s = 10.0
+
+    def __init__(
+        self,
+        model_path,
+        device_list,
+        x_feature,
+        task_queue_list,
+        sample_mode,
+        csr_topo,
+        sizes,
+        ignord_length=100,
+        result_path=None,
+        exp_id=0,
+        proc_num_per_device=0,
+        uva_gpu="GPU",
+    ):
+        super().__init__(
+            model_path,
+            device_list,
+            x_feature,
+            task_queue_list,
+            sample_mode,
+            csr_topo,
+            sizes,
+            ignord_length=ignord_length,
+            proc_num_per_device=proc_num_per_device,
+            uva_gpu=uva_gpu,
+        )
+        self.ignord_length = int(ignord_length)
+        self.result_path, self.exp_id = result_path, exp_id
+        self.summaries: list[dict] = []
+        self._timings: dict[int, list] = {r: [] for r in range(self.num_proc)}
+        self._lock = threading.Lock()
+
+    def _emit(self, rank: int, out: torch.Tensor, timing: list) -> None:
+        self._timings[rank].append(timing)
+
+    def _idle(self, rank: int, seconds: float) -> None:
+        if seconds < self.idle_s or not self._timings[rank]:
+            return
+        rows, self._timings[rank] = np.array(self._timings[rank], dtype=np.float64), []
+        rows = rows[self.ignord_length :]
+        if not len(rows):
+            return
+        half = self.num_proc // 2
+        on_gpu = self.sample_mode == "GPU" or (self.sample_mode == "Auto" and rank < half)
+        kind = "GPU" if on_gpu else "CPU"
+        local = rank - half if self.sample_mode == "Auto" and not on_gpu else rank
+        start, mark, end, seeds = rows[:, 0], rows[:, 1], rows[:, 2], rows[:, 3]
+        sample_s = mark - start if on_gpu else mark
+        latency = end - start + (0.0 if on_gpu else mark)
+        span = float(end.max() - end.min())
+        summary = {
+            "kind": kind,
+            "rank": local,
+            "avg_latency_s": float(np.average(latency, weights=seeds)),
+            "p99_latency_ms": float(np.percentile(latency, 99) * 1000),
+            "avg_sample_s": float(np.average(sample_s, weights=seeds)),
+            "avg_feature_inference_s": float(
+                np.average(end - (mark if on_gpu else start), weights=seeds)
+            ),
+            "throughput": float(seeds.sum() / span) if span > 0 else float("inf"),
+            "total": int(seeds.sum()),
+        }
+        print(
+            f"{kind} Rank {local}: Avg Latency: {summary['avg_latency_s']}, TP99 Latency: "
+            f"{summary['p99_latency_ms']}, Avg Sampled Latency: {summary['avg_sample_s']}, "
+            f"Avg F_I Latency: {summary['avg_feature_inference_s']}, Throughput: "
+            f"{summary['throughput']}, Total: {summary['total']}",
+            flush=True,
+        )
+        if self.result_path is not None:
+            Path(self.result_path).mkdir(parents=True, exist_ok=True)
+            np.save(Path(self.result_path) / f"{self.exp_id}_{kind}_{local}.npy", rows)
+        with self._lock:
+            self.summaries.append(summary)

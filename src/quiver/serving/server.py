@@ -97,8 +97,9 @@ class Server:
             precision: ``"fp32"`` (default: as trained), ``"bf16"`` (feature rows gathered in
                 bf16, converted at load unless stored so, and the model's weights in bf16), or
                 ``"auto"``: per stage the faster on this CPU, from the manifest's
-                ``"precision"`` entry when it was measured on this machine (CPU model, bf16
-                flags, cores: ``quiver.precision.machine``), else measured now
+                ``"precision"`` records when one was measured on this machine (CPU model, bf16
+                flags, cores: ``quiver.precision.machine``) for these weights and fanouts,
+                else measured now
                 (``quiver.precision.measure_precision``, a few seconds) and recorded there.
                 Logits and embeddings are fp32 either way. A bf16-stored dataset (``quiver
                 prepare --feature-dtype bf16``) is gathered in bf16 under every setting.
@@ -114,9 +115,10 @@ class Server:
                 RAM on the CPU, the tables fit in half the available memory, and the folded
                 path is measured faster on sampled batches at start-up. That decision (and
                 the tables' dtype) is recorded in the manifest (``"fold"``,
-                ``quiver.serving.folded.FoldChoice``) and reused as is by later starts on this
-                machine with this model, precision and fanouts, so they serve the same
-                logits; re-measuring the precision drops it. ``"on"`` folds or refuses in one
+                ``quiver.serving.folded.FoldChoice``, one record per machine, weights,
+                precision and fanouts) and reused as is by later starts on this machine with
+                these weights, precision and fanouts, so they serve the same logits;
+                re-measuring the precision drops it. ``"on"`` folds or refuses in one
                 line.
             updates: take updates (``POST /v1/update``, :meth:`update`; see
                 ``quiver.serving.live``), logged durably to the dataset directory's
@@ -169,7 +171,7 @@ class Server:
         """:meth:`from_dataset`'s work, with the dataset directory locked when ``lock``."""
         from quiver.datasets import load_prepared
         from quiver.pyg import GraphSageSampler
-        from quiver.usermodel import load_served_model
+        from quiver.usermodel import heterogeneous_parts, load_served_model
 
         ds = load_prepared(dataset_dir)
         if ds.features.shape[0] != ds.num_nodes:
@@ -178,6 +180,13 @@ class Server:
                 f"graph has {ds.num_nodes} nodes"
             )
         net, minfo = load_served_model(checkpoint, model, trust_pickle, convention)
+        hetero = heterogeneous_parts(net)
+        if hetero is not None:
+            raise ValueError(
+                f"--checkpoint {checkpoint} is a heterogeneous model checkpoint ({hetero}) and "
+                f"{dataset_dir} is a homogeneous dataset; serve it on a heterogeneous dataset "
+                "directory (quiver prepare --hetero)"
+            )
         served = net  # the ServedModel (before any precision wrapper): its edge feature rows
         edge_info = _use_edge_features(net, ds, dataset_dir, minfo["kind"])
         fanouts = [int(k) for k in (fanouts or minfo["fanouts"] or ds.manifest.get("fanouts"))]
@@ -572,7 +581,7 @@ def _fold_choice(
     if fold == "auto" and reason is None:
         # decided once per machine, model, precision and fanouts: a restart reuses the stored
         # decision as a whole (the same tables, the same logits) and measures nothing
-        from quiver.precision import model_id
+        from quiver.precision import model_id, weights_id
         from quiver.serving.folded import FoldChoice, read_fold
 
         want = FoldChoice(
@@ -581,6 +590,7 @@ def _fold_choice(
             model=_DTYPE_NAMES[model_dtype],
             sizes=[int(k) for k in sizes],
             model_id=model_id(raw_net),
+            weights=weights_id(raw_net),
         )
         stored = read_fold(ds.manifest, want)
         if stored is not None and not stored.folded:
@@ -678,6 +688,7 @@ def _precision_choice(precision, ds, net, sizes, frontier, device, cfg, sampler_
         PrecisionChoice,
         measure_precision,
         read_precision,
+        stored_records,
         write_precision,
     )
 
@@ -687,7 +698,7 @@ def _precision_choice(precision, ds, net, sizes, frontier, device, cfg, sampler_
         return PrecisionChoice.fixed(precision), "as asked"
     if device.type != "cpu":
         return PrecisionChoice.fixed("fp32"), f"auto measures CPU models only; model on {device}"
-    choice = read_precision(ds.manifest, model=net)
+    choice = read_precision(ds.manifest, model=net, sizes=sizes)
     if choice is not None:
         how = f"auto, from the manifest: measured on {choice.where()}"
         return choice, how + (f"; {choice.note}" if choice.note else "")
@@ -701,7 +712,10 @@ def _precision_choice(precision, ds, net, sizes, frontier, device, cfg, sampler_
         sampler, ds.features, net, ds.num_nodes, repeats=2, num_threads=cfg.torch_threads
     )
     how = f"auto, measured now on {choice.where()}"
-    ds.manifest.pop("fold", None)  # measured on top of another precision (write_precision)
+    # this model's fold decisions were measured on top of another precision (write_precision)
+    ds.manifest["fold"] = [
+        d for d in stored_records(ds.manifest, "fold") if d.get("weights") != choice.weights
+    ]
     if ds.path is not None:
         try:
             write_precision(Path(ds.path) / "manifest.json", choice)

@@ -12,13 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.requests import ClientDisconnect
 
 from quiver.serving.auth import UNAUTHORISED, authorised
 
-__all__ = ["add_update_route", "graph_gauges", "read_json", "unauthorised"]
+__all__ = ["DISCONNECTED", "add_update_route", "graph_gauges", "read_json", "unauthorised"]
+
+log = logging.getLogger("quiver.serving")
+
+#: :func:`read_json`'s status when the client went away before its body was read (nginx's
+#: "client closed request"; the answer reaches no one)
+DISCONNECTED = 499
 
 
 def unauthorised(request: Request, token: str | None) -> JSONResponse | None:
@@ -33,7 +41,8 @@ def unauthorised(request: Request, token: str | None) -> JSONResponse | None:
 
 async def read_json(request: Request, limit: int):
     """``(200, parsed body)`` or ``(status, message)``: 415 not JSON, 413 over ``limit`` (from
-    the declared length before reading, or while reading), 400 malformed."""
+    the declared length before reading, or while reading), 400 malformed, :data:`DISCONNECTED`
+    when the client disconnected before sending it all (one log line, no traceback)."""
     ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
     if ctype not in ("application/json", ""):
         return 415, f"content-type {ctype!r}: send application/json"
@@ -41,10 +50,16 @@ async def read_json(request: Request, limit: int):
     if declared is not None and declared.isdigit() and int(declared) > limit:
         return 413, f"body of {declared} bytes over the {limit}-byte limit"
     body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            return 413, f"body over the {limit}-byte limit"
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                return 413, f"body over the {limit}-byte limit"
+    except ClientDisconnect:
+        log.info(
+            "%s: the client disconnected after %d bytes of its body", request.url.path, len(body)
+        )
+        return DISCONNECTED, "the client disconnected before sending its whole body"
     try:
         return 200, json.loads(body)
     except (ValueError, RecursionError) as e:
