@@ -150,6 +150,25 @@ def flop_cost_model(config, workload=None) -> FlopCostModel:
     return FlopCostModel(fits, trainable)
 
 
+#: while a list (``defer_notes``), ``_log`` keeps its lines here instead of printing them: a
+#: training run shows them once its first step has run, so a forward that raises is the only
+#: thing the user sees (the meta-device probe of that same forward failed first)
+_DEFERRED: list[str] | None = None
+
+
+def defer_notes() -> None:
+    """Keep this process's cost-estimate notes until ``deferred_notes()``."""
+    global _DEFERRED
+    _DEFERRED = []
+
+
+def deferred_notes() -> list[str]:
+    """The notes kept since ``defer_notes()`` (each a full line); printing resumes."""
+    global _DEFERRED
+    out, _DEFERRED = _DEFERRED or [], None
+    return out
+
+
 def _log(msg: str) -> None:
     """One line on rank 0 (or the only process)."""
     import sys
@@ -157,6 +176,9 @@ def _log(msg: str) -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_rank() == 0:
+        if _DEFERRED is not None:
+            _DEFERRED.append(f"maestro: {msg}")
+            return
         print(f"maestro: {msg}", file=sys.stderr, flush=True)
 
 

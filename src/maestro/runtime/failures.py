@@ -279,11 +279,23 @@ def death(rank: int, exit_code: int | None, progress: dict) -> Failure:
     )
 
 
-def sink_loss(section: str, out) -> object:
+def sink_loss(section: str, out, sample_id=None) -> object:
     """The ``"loss"`` output of a sink section's sample; ``ValueError`` naming the section when
-    its forward returned none."""
+    its forward returned none, ``SampleError`` naming the sample too when it is more than one
+    number (a per-token loss vector instead of the sample's sum)."""
+    from maestro.sections import SampleError
+
     if isinstance(out, Mapping) and "loss" in out:
-        return out["loss"]
+        loss = out["loss"]
+        numel = getattr(loss, "numel", None)
+        if numel is not None and numel() != 1:
+            raise SampleError(
+                section,
+                sample_id,
+                'its forward must return one "loss" number per sample (e.g. summed over the '
+                f"sample's tokens); got a tensor of shape {tuple(loss.shape)}",
+            )
+        return loss
     got = f"keys {sorted(map(str, out))}" if isinstance(out, Mapping) else type(out).__name__
     raise ValueError(
         f'section {section!r} is a sink: its forward must return a "loss" per sample; got {got}'
@@ -338,8 +350,7 @@ def report(
             if not debug and f.user_tb:
                 say("your code (maestro and torch frames hidden; --debug shows them):")
                 file.write(f.user_tb)
-            if hint:
-                say(f"{prog}: {hint}")
+            # no resume hint: a bug in the user's code is fixed, not resumed past
             return 1
         more = " (--debug shows the traceback)" if f.full_tb and not debug else ""
         say(f"{prog}: error: {summary(f)}{more}{tail}")

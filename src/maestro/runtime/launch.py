@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from maestro.config import TrainConfig, from_dict
+from maestro.sections import SampleError
 
 
 @dataclass
@@ -153,12 +154,14 @@ def worker_main(config: TrainConfig, opts: RunOptions) -> dict | None:
 
 
 def _train(config, opts, rank, world, device) -> dict | None:
+    from maestro.runtime import costs
     from maestro.runtime.executor import MaestroWorker
     from maestro.runtime.monolithic import MonolithicWorker
     from maestro.runtime.trace import Tracer, write_chrome_trace
 
     tracer = Tracer(rank, "", keep_events=opts.trace is not None)
     cls = MonolithicWorker if opts.monolithic else MaestroWorker
+    costs.defer_notes()  # shown after the first step: a forward that raises comes alone
     worker = cls(config, rank, world, device, tracer)
     worker.on_nonfinite = opts.on_nonfinite
     tracer.label = worker.label
@@ -202,6 +205,9 @@ def _train(config, opts, rank, world, device) -> dict | None:
         step, stats, work = pending.popleft()
         work.wait()
         losses[step] = float(stats[0])
+        if step == start:
+            for note in costs.deferred_notes():
+                (bar.write if bar is not None else print)(note, file=sys.stderr)
         if stats[-1] > 0:
             skipped.append(step)
         if mlog is not None:
@@ -227,7 +233,13 @@ def _train(config, opts, rank, world, device) -> dict | None:
                 finish_oldest()
             dist.barrier()
             t_start, busy0, totals0 = time.time(), tracer.busy, dict(tracer.totals)
-        loss = worker.step(step)
+        try:
+            loss = worker.step(step)
+        except SampleError as e:
+            job = getattr(worker, "workload", None)
+            describe = getattr(job, "describe_sample", None)
+            e.locate(describe(step, e.sample_id) if describe else f" of step {step}")
+            raise
         # [loss, busy seconds of each rank, each rank's loss share, each rank's peak memory,
         #  1 if the step was skipped (non-finite)]
         stats = torch.zeros(3 * world + 2, dtype=torch.float64, device=device)
@@ -839,6 +851,9 @@ def launch(
             f"--checkpoint-format sharded: section {staged[0]!r} is pipelined (pp > 1), "
             "which writes full checkpoints only; use --checkpoint-format full"
         )
+    job = getattr(config, "_job", None)  # a user's job, built when its config was validated
+    if job is not None:
+        job.bind(config).check_batch_fits()  # before any rank starts
     if run_log_dir(config, opts) is not None:
         from maestro.runtime.evaluation import check_tensorboard
 
