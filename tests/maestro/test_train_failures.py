@@ -222,10 +222,9 @@ def test_sink_without_loss_names_the_section_in_one_line(tmp_path):
         ),
     ],
 )
-def test_a_samples_mistake_names_section_sample_and_expectation(tmp_path, mode, want):
+def test_a_samples_mistake_names_section_sample_and_expectation(tmp_path, monkeypatch, mode, want):
     """Issue 44 item 4: a per-token loss vector, a forward one output short, a token outside
     the vocabulary: one line each (not torch's stack/index errors, not an assertion)."""
-    import torch
 
     from maestro import config as C
 
@@ -235,11 +234,10 @@ def test_a_samples_mistake_names_section_sample_and_expectation(tmp_path, mode, 
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     # where the sample came from: the job's own order (the same on every rank)
-    os.environ["USERJOB_MODE"] = mode
-    try:
-        job = C.load(path).job()
-    finally:
-        del os.environ["USERJOB_MODE"]
+    monkeypatch.setenv("USERJOB_MODE", mode)
+    monkeypatch.delitem(sys.modules, "userjob", raising=False)  # another test's userjob
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = C.load(path).job()
     if mode == "oov":
         step, sid = next((s, job.indices(s).index(7)) for s in range(8) if 7 in job.indices(s))
         want = want.format(sid=sid, step=step)
@@ -248,7 +246,6 @@ def test_a_samples_mistake_names_section_sample_and_expectation(tmp_path, mode, 
         n = len(job.dataset[rec]["input_ids"]) - 1
         want = want.format(rec=rec, n=n)
     assert lines[0] == f"maestro train: error: {want}"
-    del torch
 
 
 def test_global_batch_below_dp_is_refused(tmp_path):
@@ -280,6 +277,7 @@ def test_dataset_smaller_than_a_step_is_refused_before_any_rank_starts(tmp_path,
         raise AssertionError("a rank was started")
 
     monkeypatch.setattr(mp, "start_processes", no_ranks)
+    monkeypatch.delitem(sys.modules, "userjob", raising=False)  # another test's userjob
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ValueError) as e:
         launch(C.load(path), opts=RunOptions(device="cpu", progress=False))
