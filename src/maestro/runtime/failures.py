@@ -323,10 +323,12 @@ def report(
     debug: bool = False,
     hint: str | None = None,
     file=None,
+    after_bar: bool = False,
 ) -> int | None:
     """Print ``exc`` as ``maestro train`` shows failures; the exit code, or ``None`` when the
     caller should let it propagate (an internal error of the launcher process, or a
-    ``KeyboardInterrupt``)."""
+    ``KeyboardInterrupt``). ``after_bar``: rank 0 showed a progress bar (the line starts on
+    a line of its own)."""
     from maestro.runtime.faults import NonFiniteError
 
     file = sys.stderr if file is None else file
@@ -335,8 +337,10 @@ def report(
         print(line, file=file, flush=True)
 
     tail = f"; {hint}" if hint else ""
-    if isinstance(exc, (Stopped, RankFailed)) and getattr(file, "isatty", lambda: False)():
-        file.write("\n")  # after rank 0's progress bar
+    stopped_bar = after_bar or getattr(file, "isatty", lambda: False)()
+    if isinstance(exc, (Stopped, RankFailed)) and stopped_bar:
+        # rank 0's progress bar, stopped mid-line (a terminal, or a log file: `2> log`)
+        file.write("\n")
     if isinstance(exc, Stopped):
         at = f" at step {exc.step}" if exc.step is not None else ""
         say(f"{prog}: stopped by {exc.name}{at}{tail}")
