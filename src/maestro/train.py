@@ -131,9 +131,9 @@ def run(args: argparse.Namespace) -> int:
         # before torch and the user's job are imported (about a second)
         print(f"maestro train: loading {args.config}", file=sys.stderr, flush=True)
     if not under_torchrun:
-        from maestro.runtime import forkserver
+        from maestro import prestart
 
-        forkserver.prestart()  # it imports torch while this process loads the job
+        prestart.prestart()  # it imports torch while this process loads the job
     from maestro import config as C
     from maestro.runtime.launch import RunOptions, launch, worker_main
 
@@ -234,14 +234,14 @@ def run_reporting(
     (a rank's death or a stop by SIGTERM/SIGINT with how to resume); the exit code.
     ``command`` and ``argv``: the command line the resume hint repeats (default: ``prog``
     and ``sys.argv[1:]`` less the sub-command)."""
-    from maestro.runtime.failures import RankFailed, Stopped, report, resume_hint
-
     try:
         return run(args)
     except BaseException as e:
-        from maestro.runtime import forkserver
+        # imported here: maestro.runtime imports torch, and ``run`` speaks before that
+        from maestro import prestart
+        from maestro.runtime.failures import RankFailed, Stopped, report, resume_hint
 
-        forkserver.stop()  # started early (``run``): it must not outlive a failed start
+        prestart.stop()  # started early (``run``): it must not outlive a failed start
         hint = None
         if isinstance(e, (Stopped, RankFailed)):
             if argv is None:

@@ -131,6 +131,19 @@ micro_batch_size = 2
     return path
 
 
+def _load_in_process(monkeypatch, tmp_path, fn):
+    """``fn()`` with this test's ``userjob`` module importable, leaving no ``userjob`` in
+    ``sys.modules`` for other tests (theirs has the same name)."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    saved = sys.modules.pop("userjob", None)
+    try:
+        return fn()
+    finally:
+        sys.modules.pop("userjob", None)
+        if saved is not None:
+            sys.modules["userjob"] = saved
+
+
 def _env(**kw):
     return {**os.environ, "OMP_NUM_THREADS": "1", **kw}
 
@@ -235,9 +248,7 @@ def test_a_samples_mistake_names_section_sample_and_expectation(tmp_path, monkey
     assert len(lines) == 1, r.stderr
     # where the sample came from: the job's own order (the same on every rank)
     monkeypatch.setenv("USERJOB_MODE", mode)
-    monkeypatch.delitem(sys.modules, "userjob", raising=False)  # another test's userjob
-    monkeypatch.syspath_prepend(str(tmp_path))
-    job = C.load(path).job()
+    job = _load_in_process(monkeypatch, tmp_path, lambda: C.load(path).job())
     if mode == "oov":
         step, sid = next((s, job.indices(s).index(7)) for s in range(8) if 7 in job.indices(s))
         want = want.format(sid=sid, step=step)
@@ -277,10 +288,9 @@ def test_dataset_smaller_than_a_step_is_refused_before_any_rank_starts(tmp_path,
         raise AssertionError("a rank was started")
 
     monkeypatch.setattr(mp, "start_processes", no_ranks)
-    monkeypatch.delitem(sys.modules, "userjob", raising=False)  # another test's userjob
-    monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(ValueError) as e:
-        launch(C.load(path), opts=RunOptions(device="cpu", progress=False))
+        opts = RunOptions(device="cpu", progress=False)
+        _load_in_process(monkeypatch, tmp_path, lambda: launch(C.load(path), opts=opts))
     assert str(e.value) == want
 
 
@@ -532,3 +542,25 @@ def test_start_up_speaks_a_line_per_phase(tmp_path):
     # --quiet: none of them
     r = train(path, "--nproc", "3")
     assert r.returncode == 0 and "maestro train" not in r.stderr, r.stderr
+
+
+def test_dead_rank_under_torchrun_is_one_line_from_the_survivor(tmp_path):
+    """Issue 44 item 5: rank 1 SIGKILLs itself under torchrun; rank 0, which loses its peer,
+    prints one line (not gloo's traceback, which torch prefixes with ``[rank0]:``)."""
+    import re
+
+    path = write_run(tmp_path)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    cmd += ["2", "-m", "maestro.train", str(path), "--device", "cpu", "--quiet"]
+    env = _env(MAESTRO_FAULT_KILL_AT_STEP="1")
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode != 0
+    ours = [ln for ln in r.stderr.splitlines() if ln.startswith("maestro.train:")]
+    assert len(ours) == 1, r.stderr
+    assert re.match(
+        r"maestro\.train: error: rank 0 \(enc\[0\]\) at step \d+ lost its connection to another "
+        r"rank, which failed or was killed \(that rank's own output, or torchrun's summary, "
+        r"says why\): RuntimeError: .*Connection closed by peer",
+        ours[0],
+    ), ours[0]
+    assert not [ln for ln in r.stderr.splitlines() if ln.startswith("[rank0]")], r.stderr

@@ -302,6 +302,18 @@ def sink_loss(section: str, out, sample_id=None) -> object:
     )
 
 
+def lost_peer(f: Failure) -> str:
+    """A secondary failure in one line: which rank lost a peer, and where to look."""
+    where = f.where() or "a rank"
+    first = f.message.strip().splitlines()[0] if f.message.strip() else ""
+    # gloo's message continues with advice that does not apply ("This is typically...")
+    first = first.split(". This is")[0]
+    return (
+        f"{where} lost its connection to another rank, which failed or was killed (that "
+        f"rank's own output, or torchrun's summary, says why): {f.type}: {first}"
+    )
+
+
 # ---------------------------------------------------------------- the command line's report
 
 
@@ -367,11 +379,17 @@ def report(
         say(f"{prog}: error: {exc}")
         return 1
     f = classify(exc)
+    for k, v in getattr(exc, "maestro_where", {}).items():  # a rank's own (torchrun)
+        setattr(f, k, v)
     if debug:
         file.write(f.full_tb)
     if f.kind == "config":
         say(f"{prog}: error: {exc}")
         return 2
+    if f.kind == "secondary":
+        # a rank under torchrun whose peer failed or died: one line, not gloo's traceback
+        say(f"{prog}: error: {lost_peer(f)}{'' if debug else ' (--debug shows the traceback)'}")
+        return 1
     if f.kind == "user":
         say(f"{prog}: error: {summary(f)}")
         if not debug:

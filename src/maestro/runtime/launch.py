@@ -187,6 +187,8 @@ def worker_main(config: TrainConfig, opts: RunOptions) -> dict | None:
         # before the process group goes: a peer that then loses its connection fails after
         # this report is in place, so the launcher sees the real error first
         _note_failure(e, rank)
+        # where it happened, for this process's own report (under torchrun: no launcher)
+        e.maestro_where = failures_where(rank)
         raise
     finally:
         dist.destroy_process_group()
@@ -204,6 +206,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
     worker = cls(config, rank, world, device, tracer)
     worker.on_nonfinite = opts.on_nonfinite
     tracer.label = worker.label
+    _HERE["section"] = worker.label
     if _PROGRESS is not None:
         _PROGRESS.set(section=worker.label)
     start, prior_losses, log, lr_steps = _resume(config, opts, rank, worker)
@@ -274,6 +277,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
             bar.update(1)
 
     for step in range(start, config.steps):
+        _HERE["step"] = step
         if _PROGRESS is not None:
             _PROGRESS.set(step=step)
         if step == warm:
@@ -684,7 +688,14 @@ def summary_table(result: dict) -> str:
 
 #: set in a spawned rank (``_spawn_entry``): where it reports its step and its failure
 _PROGRESS = None
+#: this rank's section label and step, for a failure's report under torchrun (no launcher)
+_HERE: dict = {}
 _REPORT_DIR: str | None = None
+
+
+def failures_where(rank: int) -> dict:
+    """This rank, its section label and step (the parts known): ``Failure`` fields."""
+    return {"rank": rank, "section": _HERE.get("section"), "step": _HERE.get("step")}
 
 
 def _note_failure(e: BaseException, rank: int):
@@ -879,7 +890,7 @@ def launch(
         check_tensorboard()
     if opts.progress:
         phase(f"{describe_layout(config, nproc, opts)}; starting the ranks")
-    from maestro.runtime.forkserver import start_method
+    from maestro.prestart import start_method
 
     method = start_method()
     # torch warns for each rank it terminates after another failed: the launcher's report

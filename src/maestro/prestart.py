@@ -1,10 +1,11 @@
-"""The fork server the local ranks start from, started as early as the launcher can.
+"""What ``maestro train`` does before it imports torch: start the ranks' fork server.
 
 ``maestro train`` spawns its ranks from a fork server that imports torch and the runtime once
 (``PRELOAD``), so each rank forks with them loaded. The server imports them in its own process,
 so starting it before the launcher itself imports torch and loads the job (``prestart``, the
 first thing ``maestro train`` does) overlaps the two: about a second of the time to the first
-step on a 2-core machine. Nothing here imports torch.
+step on a 2-core machine. Nothing here imports torch (so it lives outside
+``maestro.runtime``, whose package imports the launcher and torch).
 """
 
 from __future__ import annotations
