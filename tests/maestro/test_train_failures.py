@@ -57,6 +57,9 @@ JOB = textwrap.dedent(
     def encode(module, samples, inputs):
         if MODE == "encvalue" or (MODE == "metaonly" and module.emb.weight.is_meta):
             parse_width("wide")
+        if MODE == "probes" and module.emb.weight.is_meta:  # the cost model's FLOP count
+            with open("probes.txt", "a") as f:
+                f.write(f"{os.getpid()} ")
         if MODE == "few":  # one output short
             samples = samples[:-1]
         return [{"h": module(s["input_ids"])} for s in samples]
@@ -564,3 +567,13 @@ def test_dead_rank_under_torchrun_is_one_line_from_the_survivor(tmp_path):
         ours[0],
     ), ours[0]
     assert not [ln for ln in r.stderr.splitlines() if ln.startswith("[rank0]")], r.stderr
+
+
+def test_one_rank_counts_the_flops_for_all(tmp_path):
+    """The scheduler's FLOP estimate is counted on rank 0 and broadcast (it was counted by
+    every rank: the same model at a rank's CPU time each, before the first step)."""
+    path = write_run(tmp_path, enc_dp=2)
+    r = train(path, "--nproc", "3", "--scheduler", "wavefront", env=_env(USERJOB_MODE="probes"))
+    assert r.returncode == 0, r.stderr
+    pids = set((tmp_path / "probes.txt").read_text().split())
+    assert len(pids) == 1, pids

@@ -364,7 +364,7 @@ class MaestroWorker(WorkerCheckpoints):
         if config.scheduler != "fifo":
             from maestro.runtime.costs import runtime_cost_model
 
-            self.cost_model = runtime_cost_model(config, self.workload)
+            self.cost_model = runtime_cost_model(config, self.workload, shared=True)
             if config.colocated:
                 from maestro.plan.colocate import GroupedCostModel
 
