@@ -607,6 +607,13 @@ class TrainConfig:
             if sc.frozen is None:
                 sc.frozen = bool(structure[name][1])
             sc.validate(f"sections.{name}")
+        for name, sc in self.sections.items():
+            if self.global_batch < sc.data_parallel:
+                raise ValueError(
+                    f"global_batch = {self.global_batch} is smaller than sections.{name}'s "
+                    f"{sc.data_parallel} data-parallel replicas (dp x fsdp): a replica would "
+                    f"get no sample; set global_batch >= {sc.data_parallel} or lower dp"
+                )
         topological_order(self.section_inputs(), where="sections")
         for name, ins in self.section_inputs().items():
             for p in ins:

@@ -292,8 +292,39 @@ class Job:
             out.append({**s, "id": i})
         return out
 
+    def check_batch_fits(self) -> None:
+        """``ValueError`` (one line) when the dataset holds fewer records than one global
+        batch: a step would read some records twice. A job with ``batches=`` passes."""
+        if self.dataset is None:
+            return
+        n, b = len(self.dataset), self.config.global_batch
+        if n < b:
+            raise ValueError(
+                f"global_batch: the dataset has {n} record{'s' if n != 1 else ''} but "
+                f"global_batch = {b}, so one step would read some records twice; lower "
+                f"global_batch to at most {n} or add records"
+            )
+
+    def describe_sample(self, step: int, sample_id: int) -> str:
+        """Where step ``step``'s sample ``sample_id`` came from, for an error message:
+        ``" of step 3 (dataset record 17, train.jsonl:18)"`` (the file for a JSONL dataset)."""
+        out = f" of step {step}"
+        if self.dataset is None or not isinstance(sample_id, int):
+            return out
+        try:
+            pos = self.indices(step)[sample_id]
+        except (IndexError, ValueError):
+            return out
+        lines, path = (
+            getattr(self.dataset, "line_numbers", None),
+            getattr(self.dataset, "path", None),
+        )
+        at = f", {path}:{lines[pos]}" if lines is not None and path is not None else ""
+        return f"{out} (dataset record {pos}{at})"
+
     def indices(self, step: int) -> list[int]:
         """Dataset positions of step ``step``'s samples (deterministic, the same on every rank)."""
+        self.check_batch_fits()
         n, b = len(self.dataset), self.config.global_batch
         start = step * b
         out = []

@@ -17,6 +17,25 @@ from typing import Any
 import torch
 from torch import nn
 
+
+class SampleError(ValueError):
+    """A mistake that one sample of one section shows (a per-token loss vector, a missing
+    output, a token id outside the vocabulary): one line naming the section, the sample and
+    what was expected. The runtime adds the step and the dataset record (``locate``)."""
+
+    def __init__(self, section: str, sample_id: Any, what: str) -> None:
+        self.section, self.sample_id, self.what, self.where = section, sample_id, what, ""
+        super().__init__(str(self))
+
+    def locate(self, where: str) -> None:
+        """Add where the sample came from, e.g. ``" of step 3 (record 17, train.jsonl:18)"``."""
+        self.where = where
+        self.args = (str(self),)
+
+    def __str__(self) -> str:
+        return f"section {self.section!r}, sample {self.sample_id}{self.where}: {self.what}"
+
+
 #: One sample of a global batch: its ``"id"`` and raw tensors (tokens, image patches, ...).
 Sample = Mapping[str, Any]
 #: What a section produces for one sample: named tensors.
@@ -155,13 +174,29 @@ class Section:
                 p: [None if o is None else _cast(o, self.input_dtype) for o in col]
                 for p, col in inputs.items()
             }
-        if self.autocast_dtype is not None:
-            dev = next((p.device.type for p in self.module.parameters()), "cpu")
-            with torch.autocast(device_type=dev, dtype=self.autocast_dtype):
+        try:
+            if self.autocast_dtype is not None:
+                dev = next((p.device.type for p in self.module.parameters()), "cpu")
+                with torch.autocast(device_type=dev, dtype=self.autocast_dtype):
+                    outs = self._forward(self.module, samples, inputs)
+            else:
                 outs = self._forward(self.module, samples, inputs)
-        else:
-            outs = self._forward(self.module, samples, inputs)
-        assert len(outs) == len(samples), f"{self.name}: {len(outs)} outputs, {len(samples)} in"
+        except IndexError as e:
+            bad = out_of_vocabulary(self.name, self.module, samples)
+            if bad is not None:
+                raise bad from e
+            raise
+        if not isinstance(outs, (list, tuple)) or len(outs) != len(samples):
+            n = len(outs) if isinstance(outs, (list, tuple)) else 0
+            got = f"{n} output(s)" if isinstance(outs, (list, tuple)) else type(outs).__name__
+            first = samples[min(n, len(samples) - 1)]
+            sid = first.get("id", n) if isinstance(first, Mapping) else n
+            raise SampleError(
+                self.name,
+                sid,
+                f"its forward returned {got} for a micro-batch of {len(samples)} samples; "
+                "expected a list of one dict per sample, in the samples' order",
+            )
         if self._loss is not None:
             for out, sample in zip(outs, samples):
                 out["loss"] = self._loss(out, sample)
@@ -300,3 +335,32 @@ class SectionGraph:
     def modules(self) -> dict[str, nn.Module]:
         """``name -> module`` of every section."""
         return {s.name: s.module for s in self.order}
+
+
+def out_of_vocabulary(
+    section: str, module: nn.Module, samples: Sequence[Sample]
+) -> SampleError | None:
+    """The first sample whose token ids do not fit ``module``'s first embedding table
+    (``None`` when every id fits, or the module has no embedding): what an ``IndexError:
+    index out of range in self`` from ``nn.Embedding`` meant."""
+    rows = next((m.num_embeddings for m in module.modules() if isinstance(m, nn.Embedding)), None)
+    if rows is None:
+        return None
+    for pos, s in enumerate(samples):
+        if not isinstance(s, Mapping):
+            continue
+        for key in ("input_ids", "tokens"):  # maestro.job.TOKEN_KEYS
+            ids = s.get(key)
+            if not isinstance(ids, torch.Tensor) or ids.numel() == 0 or ids.is_floating_point():
+                continue
+            lo, hi = int(ids.min()), int(ids.max())
+            if lo < 0 or hi >= rows:
+                bad = hi if hi >= rows else lo
+                return SampleError(
+                    section,
+                    s.get("id", pos),
+                    f"token id {bad} in {key!r} is outside the section's embedding of {rows} "
+                    f"rows (expected ids in [0, {rows}); was the data made with another "
+                    "vocabulary or tokenizer?)",
+                )
+    return None

@@ -120,8 +120,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _process_start(default: float) -> float:
+    """When this process started (wall clock; Linux ``/proc``), else ``default``: the
+    start-up lines count the interpreter's own start too."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return default
+    start = default - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    return start if default - 60 < start <= default else default
+
+
 def run(args: argparse.Namespace) -> int:
     """Load and validate the config, then train (torchrun rank or local launcher)."""
+    import time
+
+    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and args.nproc is None
+    if not under_torchrun:
+        # the start-up lines' clock (``launch.phase``), also in the ranks
+        os.environ.setdefault("MAESTRO_T0", repr(_process_start(time.time())))
+    if not args.quiet and os.environ.get("RANK", "0") == "0":
+        # before torch and the user's job are imported (about a second)
+        print(f"maestro train: loading {args.config}", file=sys.stderr, flush=True)
+    if not under_torchrun:
+        from maestro import prestart
+
+        prestart.prestart()  # it imports torch while this process loads the job
     from maestro import config as C
     from maestro.runtime.launch import RunOptions, launch, worker_main
 
@@ -171,7 +198,6 @@ def run(args: argparse.Namespace) -> int:
         on_nonfinite=args.on_nonfinite,
         log_dir=getattr(args, "log_dir", None),
     )
-    under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and args.nproc is None
     if under_torchrun:
         world = int(os.environ["WORLD_SIZE"])
         if not args.monolithic:
@@ -259,11 +285,14 @@ def run_reporting(
     (a rank's death or a stop by SIGTERM/SIGINT with how to resume); the exit code.
     ``command`` and ``argv``: the command line the resume hint repeats (default: ``prog``
     and ``sys.argv[1:]`` less the sub-command)."""
-    from maestro.runtime.failures import RankFailed, Stopped, report, resume_hint
-
     try:
         return run(args)
     except BaseException as e:
+        # imported here: maestro.runtime imports torch, and ``run`` speaks before that
+        from maestro import prestart
+        from maestro.runtime.failures import RankFailed, Stopped, report, resume_hint
+
+        prestart.stop()  # started early (``run``): it must not outlive a failed start
         hint = None
         if isinstance(e, (Stopped, RankFailed)):
             if argv is None:
@@ -271,7 +300,7 @@ def run_reporting(
                 if argv[:1] == ["train"]:
                     argv = argv[1:]
             hint = resume_hint(command or prog, argv, args.checkpoint_dir)
-        code = report(e, prog, debug=args.debug, hint=hint)
+        code = report(e, prog, debug=args.debug, hint=hint, after_bar=not args.quiet)
         if code is None:
             raise
         return code

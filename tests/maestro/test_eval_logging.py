@@ -266,10 +266,14 @@ def test_logs_parse_with_tensorboard_and_jsonl(runs):
     acc.Reload()
     tags = set(acc.Tags()["scalars"])
     assert tags == (train_keys | eval_keys) - {"step"}
+    # one axis, optimizer steps done (issue 44 item 5): training at 1..STEPS, the eval after
+    # 2 and 3 steps at 2 and 3, with the losses of the steps that made those weights
     for tag in train_keys - {"step"}:
-        assert [e.step for e in acc.Scalars(tag)] == list(range(STEPS)), tag
+        assert [e.step for e in acc.Scalars(tag)] == list(range(1, STEPS + 1)), tag
     for tag in eval_keys - {"step"}:
         assert [e.step for e in acc.Scalars(tag)] == [2, 3], tag
+    by_x = {e.step: e.value for e in acc.Scalars("loss")}
+    assert by_x[2] == pytest.approx(runs["with"]["losses"][1], rel=1e-6)
     got = [e.value for e in acc.Scalars("eval/loss")]
     assert got == pytest.approx([r["eval/loss"] for r in ev], rel=1e-6)  # float32 in events
 

@@ -62,7 +62,6 @@ def test_jsonl_input_ids_and_media(tmp_path):
         tmp_path / "d.jsonl",
         [
             {"input_ids": [1, 2, 3], "image": "img/a.npy", "kind": "image"},
-            "",
             {"input_ids": [4, 5], "image": "img/a.png", "labels": [-100, 5]},
             {"input_ids": [6], "image": "img/b.npz", "audio": "mel.npy"},
             {"input_ids": [7, 8, 9, 10], "image": None},
@@ -122,6 +121,17 @@ def test_jsonl_bad_media_is_reported_on_read(tmp_path):
     ds = JsonlDataset(path, image_spec=SPEC)
     one_line_error(r"d\.jsonl:1: .*wrong\.npy: array of shape \(5, 5, 5\)", ds.__getitem__, 0)
     one_line_error(r"d\.jsonl:2: cannot read .*broken\.png", ds.__getitem__, 1)
+
+
+def test_jsonl_blank_line_between_records_is_refused_naming_file_and_line(tmp_path):
+    """Issue 44 item 4: a blank line between records (a lost record, a split line) is one
+    line naming file:line; blank lines that only end the file are fine."""
+    (tmp_path / "b.jsonl").write_text(
+        '{"input_ids": [1]}\n{"input_ids": [2]}\n\n{"input_ids": [3]}\n'
+    )
+    one_line_error(r"b\.jsonl:3: blank line between records", JsonlDataset, tmp_path / "b.jsonl")
+    (tmp_path / "t.jsonl").write_text('{"input_ids": [1]}\n{"input_ids": [2]}\n\n  \n')
+    assert len(JsonlDataset(tmp_path / "t.jsonl")) == 2
 
 
 def test_missing_files_are_one_line(tmp_path):

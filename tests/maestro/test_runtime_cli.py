@@ -55,6 +55,11 @@ def test_bad_config_is_one_line_error(tmp_path):
     r = run([str(BIN / "maestro"), "train", str(bad)])
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
+        f"maestro train: loading {bad}",  # the start-up line (issue 44 item 3)
+        "maestro train: error: sections.student.micro_batch_size must be >= 1, got 0",
+    ]
+    r = run([str(BIN / "maestro"), "train", str(bad), "--quiet"])
+    assert r.stderr.strip().splitlines() == [
         "maestro train: error: sections.student.micro_batch_size must be >= 1, got 0"
     ]
 

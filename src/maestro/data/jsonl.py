@@ -19,7 +19,8 @@ class JsonlDataset(Dataset):
     Every line is parsed and checked when the dataset opens (keys, types, that referenced
     media files exist; see ``maestro.data.records``), so a bad record is a one-line
     ``ValueError`` naming ``file:line`` before training starts; media are read on access.
-    Blank lines are skipped.
+    A blank line between records is refused (``file:line``); blank lines ending the file
+    are ignored.
 
     Args:
         path: the ``.jsonl`` file.
@@ -71,10 +72,18 @@ class JsonlDataset(Dataset):
         )
         self.records: list[dict] = []
         self.line_numbers: list[int] = []
+        blank = None  # the first blank line since the last record
         with self.path.open(encoding="utf-8") as f:
             for n, line in enumerate(f, start=1):
                 if not line.strip():
+                    blank = n if blank is None else blank
                     continue
+                if blank is not None:
+                    # a record is missing or a line was split: refuse rather than guess
+                    raise ValueError(
+                        f"{self.path}:{blank}: blank line between records (every line must "
+                        "be one JSON record; blank lines may only end the file)"
+                    )
                 where = f"{self.path}:{n}"
                 try:
                     rec = json.loads(line)

@@ -474,7 +474,9 @@ def _group_section(
                     o2 = _scaled(o, leave_f)
                     outs[i].update({f"{m}{SEP}{k}": v for k, v in o2.items()})
                 if m in sinks:
-                    losses[i].append(_scaled({"loss": sink_loss(m, o)}, leave_f)["loss"])
+                    losses[i].append(
+                        _scaled({"loss": sink_loss(m, o, samples[i]["id"])}, leave_f)["loss"]
+                    )
                     # the sink's other per-sample scalars (e.g. ``ce``): reported, as a
                     # disaggregated sink's are (summed over sink members sharing a name)
                     for k, v in o.items():

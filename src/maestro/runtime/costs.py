@@ -150,6 +150,25 @@ def flop_cost_model(config, workload=None) -> FlopCostModel:
     return FlopCostModel(fits, trainable)
 
 
+#: while a list (``defer_notes``), ``_log`` keeps its lines here instead of printing them: a
+#: training run shows them once its first step has run, so a forward that raises is the only
+#: thing the user sees (the meta-device probe of that same forward failed first)
+_DEFERRED: list[str] | None = None
+
+
+def defer_notes() -> None:
+    """Keep this process's cost-estimate notes until ``deferred_notes()``."""
+    global _DEFERRED
+    _DEFERRED = []
+
+
+def deferred_notes() -> list[str]:
+    """The notes kept since ``defer_notes()`` (each a full line); printing resumes."""
+    global _DEFERRED
+    out, _DEFERRED = _DEFERRED or [], None
+    return out
+
+
 def _log(msg: str) -> None:
     """One line on rank 0 (or the only process)."""
     import sys
@@ -157,6 +176,9 @@ def _log(msg: str) -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_rank() == 0:
+        if _DEFERRED is not None:
+            _DEFERRED.append(f"maestro: {msg}")
+            return
         print(f"maestro: {msg}", file=sys.stderr, flush=True)
 
 
@@ -173,16 +195,28 @@ def _fit_through_origin(rows: list[tuple[dict, float]]) -> LinearFit:
     return LinearFit({k: float(v / s) for k, v, s in zip(keys, x, scale) if v > 0})
 
 
-def runtime_cost_model(config, workload=None) -> CostModel:
+def runtime_cost_model(config, workload=None, shared: bool = False) -> CostModel:
     """The cost model a run's scheduler gets: the config's profile, else the job's own
-    (``Job(cost_model=)``), else a FLOP estimate."""
+    (``Job(cost_model=)``), else a FLOP estimate.
+
+    ``shared``: a collective of every rank of the default process group (called by all of
+    them at the same point): rank 0 alone counts the FLOPs and broadcasts the estimate. Every
+    rank used to count them itself: the same model, at a rank's CPU time each (1.7 s for the
+    quick start's two GRUs), which ranks sharing cores paid in wall time before the first step.
+    """
     profile = getattr(config, "cost_profile", None)
     if profile:
         return MeasuredCostModel.from_profile(profile)
     own = getattr(workload, "cost_model", None)
     if own is not None:
         return own
-    return flop_cost_model(config, workload)
+    import torch.distributed as dist
+
+    if not (shared and dist.is_initialized() and dist.get_world_size() > 1):
+        return flop_cost_model(config, workload)
+    box = [flop_cost_model(config, workload) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 __all__ = ["CPU_FLOPS", "FlopCostModel", "flop_cost_model", "runtime_cost_model"]

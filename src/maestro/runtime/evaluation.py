@@ -21,8 +21,11 @@ losses summed over every eval batch divided by the sum of the batches' normalise
 returns (``ce``, ``kl``, ...) are summed and divided the same way.
 
 Logs (``MetricsLog``, rank 0 only): ``metrics.jsonl`` (one JSON object per line) and
-TensorBoard event files whose scalar tags are the rows' keys (all but ``step``, which is the
-x axis). A training row (``step``: the 0-based step, as ``result["losses"][step]``) has
+TensorBoard event files whose scalar tags are the rows' keys (all but ``step``). Both series
+share one x axis in TensorBoard: optimizer steps done (``steps_done``), so a training row is
+plotted at ``step + 1`` and an eval row at its ``step``; the eval after 5 steps and the 5th
+step's training loss sit at x = 5. A training row (``step``: the 0-based step, as
+``result["losses"][step]``) has
 
 - ``loss``: the step's loss; ``loss/SECTION``: each sink section's share of it;
 - ``lr/SECTION``: each trainable section's learning rate at the step;
@@ -206,6 +209,15 @@ def check_tensorboard() -> None:
         ) from None
 
 
+def steps_done(row: dict[str, Any]) -> int:
+    """The TensorBoard x of a row: optimizer steps done. A training row's ``step`` is the
+    0-based step, whose update makes ``step + 1`` steps done; an eval row's ``step`` already
+    counts the steps done. So the eval after 5 steps sits at x = 5 with the 5th step's loss
+    (0-based step 4), not one step off."""
+    is_eval = any(k.startswith("eval/") for k in row)
+    return int(row["step"]) if is_eval else int(row["step"]) + 1
+
+
 class MetricsLog:
     """Rank 0's run log: ``DIR/metrics.jsonl`` (appended) and TensorBoard event files."""
 
@@ -219,13 +231,15 @@ class MetricsLog:
         self.file = (self.dir / "metrics.jsonl").open("a", encoding="utf-8")
 
     def write(self, row: dict[str, Any]) -> None:
-        """One row: a line of ``metrics.jsonl`` and a scalar per key (but ``step``)."""
+        """One row: a line of ``metrics.jsonl`` and a scalar per key (but ``step``), plotted
+        at the optimizer steps done (``steps_done``): one axis for training and eval."""
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
+        x = steps_done(row)
         for k, v in row.items():
             if k in ROW_KEYS or isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
-            self.writer.add_scalar(k, v, global_step=row["step"])
+            self.writer.add_scalar(k, v, global_step=x)
 
     def close(self) -> None:
         self.writer.flush()

@@ -364,7 +364,7 @@ class MaestroWorker(WorkerCheckpoints):
         if config.scheduler != "fifo":
             from maestro.runtime.costs import runtime_cost_model
 
-            self.cost_model = runtime_cost_model(config, self.workload)
+            self.cost_model = runtime_cost_model(config, self.workload, shared=True)
             if config.colocated:
                 from maestro.plan.colocate import GroupedCostModel
 
@@ -671,7 +671,7 @@ class MaestroWorker(WorkerCheckpoints):
             return None
         if self.graph.is_sink(self.name):
             with self.tracer.span(f"{self.name} pad bwd", "backward", mb=k, step=step):
-                self._backward([sink_loss(self.name, outs[0]) * 0.0], [None])
+                self._backward([sink_loss(self.name, outs[0], sample["id"]) * 0.0], [None])
             return None
         return outs
 
@@ -754,7 +754,7 @@ class MaestroWorker(WorkerCheckpoints):
                 kill_point(step, self.rank)
             if sink:
                 with tr.span(f"{self.name} bwd", "backward", mb=k, step=step):
-                    per = [sink_loss(self.name, o) for o in outs]
+                    per = [sink_loss(self.name, o, sid) for o, sid in zip(outs, ids)]
                     for i, sid in enumerate(ids):
                         f = poison_factor(step, sid)
                         if f is not None:

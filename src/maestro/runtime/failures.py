@@ -279,14 +279,38 @@ def death(rank: int, exit_code: int | None, progress: dict) -> Failure:
     )
 
 
-def sink_loss(section: str, out) -> object:
+def sink_loss(section: str, out, sample_id=None) -> object:
     """The ``"loss"`` output of a sink section's sample; ``ValueError`` naming the section when
-    its forward returned none."""
+    its forward returned none, ``SampleError`` naming the sample too when it is more than one
+    number (a per-token loss vector instead of the sample's sum)."""
+    from maestro.sections import SampleError
+
     if isinstance(out, Mapping) and "loss" in out:
-        return out["loss"]
+        loss = out["loss"]
+        numel = getattr(loss, "numel", None)
+        if numel is not None and numel() != 1:
+            raise SampleError(
+                section,
+                sample_id,
+                'its forward must return one "loss" number per sample (e.g. summed over the '
+                f"sample's tokens); got a tensor of shape {tuple(loss.shape)}",
+            )
+        return loss
     got = f"keys {sorted(map(str, out))}" if isinstance(out, Mapping) else type(out).__name__
     raise ValueError(
         f'section {section!r} is a sink: its forward must return a "loss" per sample; got {got}'
+    )
+
+
+def lost_peer(f: Failure) -> str:
+    """A secondary failure in one line: which rank lost a peer, and where to look."""
+    where = f.where() or "a rank"
+    first = f.message.strip().splitlines()[0] if f.message.strip() else ""
+    # gloo's message continues with advice that does not apply ("This is typically...")
+    first = first.split(". This is")[0]
+    return (
+        f"{where} lost its connection to another rank, which failed or was killed (that "
+        f"rank's own output, or torchrun's summary, says why): {f.type}: {first}"
     )
 
 
@@ -311,10 +335,12 @@ def report(
     debug: bool = False,
     hint: str | None = None,
     file=None,
+    after_bar: bool = False,
 ) -> int | None:
     """Print ``exc`` as ``maestro train`` shows failures; the exit code, or ``None`` when the
     caller should let it propagate (an internal error of the launcher process, or a
-    ``KeyboardInterrupt``)."""
+    ``KeyboardInterrupt``). ``after_bar``: rank 0 showed a progress bar (the line starts on
+    a line of its own)."""
     from maestro.runtime.faults import NonFiniteError
 
     file = sys.stderr if file is None else file
@@ -323,8 +349,10 @@ def report(
         print(line, file=file, flush=True)
 
     tail = f"; {hint}" if hint else ""
-    if isinstance(exc, (Stopped, RankFailed)) and getattr(file, "isatty", lambda: False)():
-        file.write("\n")  # after rank 0's progress bar
+    stopped_bar = after_bar or getattr(file, "isatty", lambda: False)()
+    if isinstance(exc, (Stopped, RankFailed)) and stopped_bar:
+        # rank 0's progress bar, stopped mid-line (a terminal, or a log file: `2> log`)
+        file.write("\n")
     if isinstance(exc, Stopped):
         at = f" at step {exc.step}" if exc.step is not None else ""
         say(f"{prog}: stopped by {exc.name}{at}{tail}")
@@ -338,8 +366,7 @@ def report(
             if not debug and f.user_tb:
                 say("your code (maestro and torch frames hidden; --debug shows them):")
                 file.write(f.user_tb)
-            if hint:
-                say(f"{prog}: {hint}")
+            # no resume hint: a bug in the user's code is fixed, not resumed past
             return 1
         more = " (--debug shows the traceback)" if f.full_tb and not debug else ""
         say(f"{prog}: error: {summary(f)}{more}{tail}")
@@ -352,11 +379,17 @@ def report(
         say(f"{prog}: error: {exc}")
         return 1
     f = classify(exc)
+    for k, v in getattr(exc, "maestro_where", {}).items():  # a rank's own (torchrun)
+        setattr(f, k, v)
     if debug:
         file.write(f.full_tb)
     if f.kind == "config":
         say(f"{prog}: error: {exc}")
         return 2
+    if f.kind == "secondary":
+        # a rank under torchrun whose peer failed or died: one line, not gloo's traceback
+        say(f"{prog}: error: {lost_peer(f)}{'' if debug else ' (--debug shows the traceback)'}")
+        return 1
     if f.kind == "user":
         say(f"{prog}: error: {summary(f)}")
         if not debug:

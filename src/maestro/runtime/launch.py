@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from maestro.config import TrainConfig, from_dict
+from maestro.sections import SampleError
 
 
 @dataclass
@@ -92,6 +93,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+#: the launcher's start (``MAESTRO_T0``, set by ``maestro train``; else this process's)
+_T0 = float(os.environ.get("MAESTRO_T0") or time.time())
+
+
+def phase(what: str, prog: str = "maestro train") -> None:
+    """One start-up line on stderr with the seconds since the launcher started:
+    ``maestro train: models built [3.1 s]``."""
+    t0 = float(os.environ.get("MAESTRO_T0") or _T0)
+    print(f"{prog}: {what} [{time.time() - t0:.1f} s]", file=sys.stderr, flush=True)
+
+
+def describe_layout(config: TrainConfig, nproc: int, opts: RunOptions) -> str:
+    """The run in one line: each section's degrees and ranks, the world and the backend."""
+
+    def span(rs: list[int]) -> str:
+        return f"rank {rs[0]}" if len(rs) == 1 else f"ranks {rs[0]}-{rs[-1]}"
+
+    if opts.monolithic:
+        parts = [f"the whole model on every rank (dp {nproc})"]
+    else:
+        parts = []
+        layout = config.unit_layout()
+        for unit, members in config.units().items():
+            for name in members:
+                sc = config.sections[name]
+                degrees = [f"dp {sc.dp}"] + [
+                    f"{k} {v}"
+                    for k, v in (("fsdp", sc.fsdp), ("pp", sc.pp), ("cp", sc.cp), ("tp", sc.tp))
+                    if v > 1
+                ]
+                frozen = ", frozen" if sc.frozen else ""
+                parts.append(f"{name} {' x '.join(degrees)}{frozen} ({span(layout[unit])})")
+    cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
+    backend = "nccl on cuda" if cuda else "gloo on cpu"
+    return f"{'; '.join(parts)}; {nproc} rank{'s' if nproc != 1 else ''}, {backend}"
+
+
 def _device(opts: RunOptions, local_rank: int) -> torch.device:
     use_cuda = opts.device == "cuda" or (opts.device == "auto" and torch.cuda.is_available())
     if use_cuda:
@@ -141,34 +179,43 @@ def worker_main(config: TrainConfig, opts: RunOptions) -> dict | None:
         timeout=timeout,
         store=_elastic_store(rank, world, timeout),
     )
+    if rank == 0 and opts.progress:
+        phase(f"{world} ranks started")  # every rank has joined the process group
     try:
         return _train(config, opts, rank, world, device)
     except Exception as e:
         # before the process group goes: a peer that then loses its connection fails after
         # this report is in place, so the launcher sees the real error first
         _note_failure(e, rank)
+        # where it happened, for this process's own report (under torchrun: no launcher)
+        e.maestro_where = failures_where(rank)
         raise
     finally:
         dist.destroy_process_group()
 
 
 def _train(config, opts, rank, world, device) -> dict | None:
+    from maestro.runtime import costs
     from maestro.runtime.executor import MaestroWorker
     from maestro.runtime.monolithic import MonolithicWorker
     from maestro.runtime.trace import Tracer, write_chrome_trace
 
     tracer = Tracer(rank, "", keep_events=opts.trace is not None)
     cls = MonolithicWorker if opts.monolithic else MaestroWorker
+    costs.defer_notes()  # shown after the first step: a forward that raises comes alone
     worker = cls(config, rank, world, device, tracer)
     worker.on_nonfinite = opts.on_nonfinite
     tracer.label = worker.label
+    _HERE["section"] = worker.label
     if _PROGRESS is not None:
         _PROGRESS.set(section=worker.label)
     start, prior_losses, log, lr_steps = _resume(config, opts, rank, worker)
     # the LR schedule's total: the one the run started with (a resume keeps it)
     worker.lr_total_steps = lr_steps
     labels = [None] * world
-    dist.all_gather_object(labels, worker.label)
+    dist.all_gather_object(labels, worker.label)  # every rank has built its models
+    if rank == 0 and opts.progress:
+        phase("models built" + (f", resuming at step {start}" if start else ""))
     sections = [lab.split("[")[0] for lab in labels]
     from maestro.runtime import evaluation
 
@@ -181,8 +228,14 @@ def _train(config, opts, rank, world, device) -> dict | None:
     evals: list[dict] = []
     bar = None
     if rank == 0 and opts.progress:
+        import threading
+
         from tqdm import tqdm
 
+        # tqdm's default lock holds a multiprocessing semaphore, which a rank stopped by a
+        # signal never unlinks: the resource tracker then warned of a "leaked semaphore" on
+        # every stop path; one process, one bar: a thread lock is all it needs
+        tqdm.set_lock(threading.RLock())
         bar = tqdm(**_bar_kwargs(config, opts, start))
     losses: list[float] = [0.0] * config.steps
     losses[:start] = prior_losses
@@ -202,6 +255,12 @@ def _train(config, opts, rank, world, device) -> dict | None:
         step, stats, work = pending.popleft()
         work.wait()
         losses[step] = float(stats[0])
+        if step == start:
+            if rank == 0 and opts.progress:
+                (bar.clear() if bar is not None else None)
+                phase(f"first step done (loss {losses[step]:.4f})")
+            for note in costs.deferred_notes():
+                (bar.write if bar is not None else print)(note, file=sys.stderr)
         if stats[-1] > 0:
             skipped.append(step)
         if mlog is not None:
@@ -218,6 +277,7 @@ def _train(config, opts, rank, world, device) -> dict | None:
             bar.update(1)
 
     for step in range(start, config.steps):
+        _HERE["step"] = step
         if _PROGRESS is not None:
             _PROGRESS.set(step=step)
         if step == warm:
@@ -227,7 +287,13 @@ def _train(config, opts, rank, world, device) -> dict | None:
                 finish_oldest()
             dist.barrier()
             t_start, busy0, totals0 = time.time(), tracer.busy, dict(tracer.totals)
-        loss = worker.step(step)
+        try:
+            loss = worker.step(step)
+        except SampleError as e:
+            job = getattr(worker, "workload", None)
+            describe = getattr(job, "describe_sample", None)
+            e.locate(describe(step, e.sample_id) if describe else f" of step {step}")
+            raise
         # [loss, busy seconds of each rank, each rank's loss share, each rank's peak memory,
         #  1 if the step was skipped (non-finite)]
         stats = torch.zeros(3 * world + 2, dtype=torch.float64, device=device)
@@ -624,7 +690,14 @@ def summary_table(result: dict) -> str:
 
 #: set in a spawned rank (``_spawn_entry``): where it reports its step and its failure
 _PROGRESS = None
+#: this rank's section label and step, for a failure's report under torchrun (no launcher)
+_HERE: dict = {}
 _REPORT_DIR: str | None = None
+
+
+def failures_where(rank: int) -> dict:
+    """This rank, its section label and step (the parts known): ``Failure`` fields."""
+    return {"rank": rank, "section": _HERE.get("section"), "step": _HERE.get("step")}
 
 
 def _note_failure(e: BaseException, rank: int):
@@ -780,37 +853,6 @@ def _spawn_entry(
         raise
 
 
-#: what the fork server imports once, so each rank forks with them loaded (seconds per rank)
-_PRELOAD = [
-    "torch",
-    "torch.distributed",
-    # torch._dynamo (pulled in by FSDP2, DTensor and torch.compile) takes 1.6 s to import on
-    # this 2-core EPYC; preloaded once in the fork server instead of once per rank
-    "torch._dynamo",
-    "torch.distributed.fsdp",
-    "torch.distributed.tensor.parallel",
-    "torch.distributed.checkpoint",
-    "maestro.runtime.launch",
-    "maestro.runtime.executor",
-]
-
-
-def _start_method() -> str:
-    """``forkserver`` with torch and the runtime preloaded where the platform has it: a rank
-    then starts in a fraction of a second instead of importing torch afresh (``spawn``).
-    The fork server is a clean single-threaded process that never touched CUDA or gloo, so
-    forking it is as safe as spawning. ``MAESTRO_START_METHOD=spawn`` restores spawning."""
-    import multiprocessing as std_mp
-    import os
-
-    want = os.environ.get("MAESTRO_START_METHOD", "forkserver")
-    if want not in std_mp.get_all_start_methods():
-        return "spawn"
-    if want == "forkserver":
-        std_mp.set_forkserver_preload(_PRELOAD)
-    return want
-
-
 def launch(
     config: TrainConfig,
     nproc: int | None = None,
@@ -841,11 +883,18 @@ def launch(
             f"--checkpoint-format sharded: section {staged[0]!r} is pipelined (pp > 1), "
             "which writes full checkpoints only; use --checkpoint-format full"
         )
+    job = getattr(config, "_job", None)  # a user's job, built when its config was validated
+    if job is not None:
+        job.bind(config).check_batch_fits()  # before any rank starts
     if run_log_dir(config, opts) is not None:
         from maestro.runtime.evaluation import check_tensorboard
 
         check_tensorboard()
-    method = _start_method()
+    if opts.progress:
+        phase(f"{describe_layout(config, nproc, opts)}; starting the ranks")
+    from maestro.prestart import start_method
+
+    method = start_method()
     # torch warns for each rank it terminates after another failed: the launcher's report
     # says what failed
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")

@@ -67,7 +67,7 @@ class MonolithicWorker:
         if config.monolithic_order == "balanced":
             from maestro.runtime.costs import runtime_cost_model
 
-            self.cost_model = runtime_cost_model(config, self.workload)
+            self.cost_model = runtime_cost_model(config, self.workload, shared=True)
         self.label = f"model[{rank}]"
         self.on_nonfinite = "stop"
         #: the total steps the LR schedule decays over (a resume sets the checkpoint's)

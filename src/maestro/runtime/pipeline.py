@@ -186,7 +186,8 @@ def _backward(worker, k, mb, state, batch, schedule, active, step, tag_grad, nor
     loss_value = 0.0
     if st.last and graph.is_sink(worker.name):
         with tr.span(f"{worker.name} bwd", "backward", mb=k, step=step):
-            per = [sink_loss(worker.name, o) for o in outs]
+            sids = list(ids) + [None] * (len(outs) - len(ids))  # a pad has no ids
+            per = [sink_loss(worker.name, o, sid) for o, sid in zip(outs, sids)]
             if is_pad:
                 loss = per[0] * 0.0
             else:
