@@ -109,6 +109,25 @@ def _workload_and_features(work: Path) -> None:
         print(f"   batch of {n:>3} seeds: PSGS {p:>9,.0f} -> {path} path (threshold 20,000)")
 
 
+def _update(url: str, d: Path) -> None:
+    """One node added while serving, wired in, and answered at once (docs/quiver/updates.md)."""
+    import json
+
+    from quiver.serving.client import Client
+
+    width = json.loads((d / "manifest.json").read_text())["num_features"]
+    with Client(url) as client:
+        new = client.update({"op": "add_nodes", "features": [[0.1] * width]})["ids"][0]
+        client.update({"op": "add_edges", "src": [0, 1, 2], "dst": [new, new, new]})
+        cls = client.predict([new])["values"][0]
+        health = client.health()
+    print(
+        f"   POST /v1/update: node {new} added with 3 in-edges (durable, logged), class {cls} "
+        f"at once; the graph now has {health['node_count']:,} nodes, {health['edge_count']:,} "
+        "edges"
+    )
+
+
 def _serve(work: Path) -> None:
     """Train a GraphSAGE briefly, serve it with ``quiver serve`` (its own process) on loopback,
     and run a short open-loop load against it over HTTP."""
@@ -138,6 +157,7 @@ def _serve(work: Path) -> None:
 
         mix = loadgen.RequestMix(2000, 1, 64)
         res = loadgen.sweep(target, mix, [25, 50, 100], duration_s=3.0, progress=False)
+        _update(url, d)
     finally:
         server.send_signal(signal.SIGTERM)
         out, _ = server.communicate(timeout=60)

@@ -39,6 +39,12 @@ class Client:
         )
         return self._json(r)
 
+    def update(self, record: dict) -> dict:
+        """Apply one update (``{"op": "add_nodes", "features": [[...]]}``, ``add_edges``,
+        ``remove_edges``, ``set_features``: see docs/quiver/updates.md); returns what it did
+        (the new ids of ``add_nodes``) once the server has logged it durably."""
+        return self._json(self._http.post("/v1/update", json=record))
+
     def health(self) -> dict:
         return self._json(self._http.get("/healthz"))
 
