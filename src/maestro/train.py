@@ -139,9 +139,14 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     under_torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and args.nproc is None
-    if not under_torchrun:
-        # the start-up lines' clock (``launch.phase``), also in the ranks
-        os.environ.setdefault("MAESTRO_T0", repr(_process_start(time.time())))
+    if under_torchrun:
+        # each rank's own clock: a value in the environment is some other launcher's (e.g.
+        # one that ran in the process that started torchrun)
+        os.environ.pop("MAESTRO_T0", None)
+    else:
+        # the start-up lines' clock (``launch.phase``), also in the ranks; set afresh, since
+        # an earlier run in this process (the Python API, tests) left its own
+        os.environ["MAESTRO_T0"] = repr(_process_start(time.time()))
     if not args.quiet and os.environ.get("RANK", "0") == "0":
         # before torch and the user's job are imported (about a second)
         print(f"maestro train: loading {args.config}", file=sys.stderr, flush=True)

@@ -93,8 +93,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-#: the launcher's start (``MAESTRO_T0``, set by ``maestro train``; else this process's)
-_T0 = float(os.environ.get("MAESTRO_T0") or time.time())
+#: when this module was imported: the start-up lines' clock when ``maestro train`` set no
+#: ``MAESTRO_T0`` (under torchrun, the Python API)
+_T0 = time.time()
 
 
 def phase(what: str, prog: str = "maestro train") -> None:
