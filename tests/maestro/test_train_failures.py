@@ -553,8 +553,12 @@ def test_dead_rank_under_torchrun_is_one_line_from_the_survivor(tmp_path):
     import re
 
     path = write_run(tmp_path)
+    # torchrun's agent SIGTERMs the survivor once it sees a rank die (it looks every
+    # --monitor-interval s, 0.1 by default): a slow survivor could be stopped before it read
+    # the closed connection, and say nothing; 10 s gives it time on a loaded machine
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
-    cmd += ["2", "-m", "maestro.train", str(path), "--device", "cpu", "--quiet"]
+    cmd += ["2", "--monitor-interval", "10"]
+    cmd += ["-m", "maestro.train", str(path), "--device", "cpu", "--quiet"]
     env = _env(MAESTRO_FAULT_KILL_AT_STEP="1")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode != 0

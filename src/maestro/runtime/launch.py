@@ -183,7 +183,13 @@ def worker_main(config: TrainConfig, opts: RunOptions) -> dict | None:
     if rank == 0 and opts.progress:
         phase(f"{world} ranks started")  # every rank has joined the process group
     try:
-        return _train(config, opts, rank, world, device)
+        out = _train(config, opts, rank, world, device)
+        # every rank done communicating before any tears its process group down: a rank that
+        # destroyed it while a peer still finished its last step aborted now and then under
+        # torchrun ("terminate called without an active exception", docs/maestro/multi-node.md
+        # under load)
+        dist.barrier()
+        return out
     except Exception as e:
         # before the process group goes: a peer that then loses its connection fails after
         # this report is in place, so the launcher sees the real error first
