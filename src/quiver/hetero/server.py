@@ -18,7 +18,6 @@ import json
 import logging
 from typing import Literal
 
-import numpy as np
 import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -264,12 +263,7 @@ class HeteroServer:
         engine = self.engines.get(t)
         if engine is None:
             return
-        n = self.live.num_nodes[t]
-        table = engine.batcher.psgs_table
-        if table is not None and table.shape[0] < n:
-            mean = float(table.mean()) if table.size else 1.0
-            engine.batcher.psgs_table = np.concatenate([table, np.full(n - table.shape[0], mean)])
-        engine.batcher.node_count = engine.node_count = n
+        engine.grow_nodes(self.live.num_nodes[t])
 
     def update(self, record: dict) -> dict:
         """Apply one update (see :meth:`quiver.hetero.updates.LiveGraph.update`); durable

@@ -43,7 +43,15 @@ import torch
 
 from quiver.hetero.graph import MANIFEST, HeteroGraph, edge_type_name, parse_edge_type
 
-__all__ = ["LiveGraph", "UpdateError", "UpdateLog", "Version", "compact", "dataset_lock"]
+__all__ = [
+    "LiveGraph",
+    "UpdateError",
+    "UpdateLog",
+    "Version",
+    "commit_generation",
+    "compact",
+    "dataset_lock",
+]
 
 log = logging.getLogger("quiver.serving")
 LOG_FILE = "updates.log"
@@ -698,20 +706,8 @@ def compact(directory) -> tuple[int, int]:
             shutil.rmtree(tmp)
         new.manifest = {**new.manifest, "compacted_seq": live.seq}
         new.save(tmp, write_manifest=False)
-        _fsync_tree(tmp)
-        os.replace(tmp, d / gen)
         old_data = graph.manifest.get("data", ".")
-        manifest = new.manifest_for(gen)
-        mtmp = d / (MANIFEST + ".tmp")
-        mtmp.write_text(json.dumps(manifest, indent=2) + "\n")
-        with open(mtmp) as f:
-            os.fsync(f.fileno())
-        os.replace(mtmp, d / MANIFEST)  # the commit point
-        live.log.close()
-        keep = [_line(r) for r in UpdateLog(d).read(after=live.seq)]
-        ltmp = d / (LOG_FILE + ".tmp")
-        ltmp.write_bytes(b"".join(keep))
-        os.replace(ltmp, d / LOG_FILE)
+        commit_generation(d, tmp, gen, new.manifest_for(gen), live)
         if old_data == ".":
             for p in list(d.glob("rel_*")) + [d / "features", d / "labels"]:
                 if p.exists():
@@ -721,6 +717,25 @@ def compact(directory) -> tuple[int, int]:
         return pending, live.seq
     finally:
         lock.close()
+
+
+def commit_generation(d: Path, tmp: Path, gen: str, manifest: dict, live: LiveGraph) -> None:
+    """A compaction's commit, for both kinds of dataset: the new files in ``tmp`` fsynced and
+    moved to ``d / gen``, then ``manifest`` (naming ``gen``) replacing the old one atomically
+    (the commit point: a crash before it leaves the old files, manifest and log), then the log
+    cut to the records past ``live.seq`` (those are not in the new files)."""
+    _fsync_tree(tmp)
+    os.replace(tmp, d / gen)
+    mtmp = d / (MANIFEST + ".tmp")
+    mtmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    with open(mtmp) as f:
+        os.fsync(f.fileno())
+    os.replace(mtmp, d / MANIFEST)  # the commit point
+    live.log.close()
+    keep = [_line(r) for r in UpdateLog(d).read(after=live.seq)]
+    ltmp = d / (LOG_FILE + ".tmp")
+    ltmp.write_bytes(b"".join(keep))
+    os.replace(ltmp, d / LOG_FILE)
 
 
 def _fsync_tree(root: Path) -> None:

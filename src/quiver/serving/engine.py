@@ -311,6 +311,15 @@ class Engine:
         """Blocking convenience: submit and wait for the ``Result``."""
         return self.submit(nodes, output).result(timeout)
 
+    def grow_nodes(self, n: int) -> None:
+        """Serve ids up to ``n`` (nodes a live graph's update added): the id range and the
+        batcher's PSGS table grow, new rows with the mean PSGS until a restart recomputes it."""
+        table = self.batcher.psgs_table
+        if table is not None and table.shape[0] < n:
+            mean = float(table.mean()) if table.size else 1.0
+            self.batcher.psgs_table = np.concatenate([table, np.full(n - table.shape[0], mean)])
+        self.batcher.node_count = self.node_count = n
+
     def queue_depth(self) -> int:
         return self.batcher.depth()
 

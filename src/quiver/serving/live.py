@@ -23,7 +23,6 @@ are on the CPU), and replicas and feature shards serve read-only.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import threading
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from quiver.hetero.updates import LiveGraph, UpdateError, UpdateLog, dataset_lock
+from quiver.hetero.updates import LiveGraph, UpdateError, dataset_lock
 from quiver.sampling.base import (
     RepeatedSeedsError,
     SampledSubgraph,
@@ -240,7 +239,7 @@ def compact_homogeneous(directory) -> tuple[int, int]:
     """
     from quiver.datasets.prepared import MANIFEST, convert_features, load_prepared, save_prepared
     from quiver.graph import CSRTopo
-    from quiver.hetero.updates import _fsync_tree, _line
+    from quiver.hetero.updates import commit_generation
 
     d = Path(directory)
     lock = dataset_lock(d)
@@ -287,20 +286,8 @@ def compact_homogeneous(directory) -> tuple[int, int]:
             convert_features(tmp, "bfloat16")
         manifest = json.loads((tmp / MANIFEST).read_text())
         (tmp / MANIFEST).unlink()
-        _fsync_tree(tmp)
-        os.replace(tmp, d / gen)
         old = ds.manifest.get("data", ".")
-        manifest["data"] = gen
-        mtmp = d / (MANIFEST + ".tmp")
-        mtmp.write_text(json.dumps(manifest, indent=2) + "\n")
-        with open(mtmp) as f:
-            os.fsync(f.fileno())
-        os.replace(mtmp, d / MANIFEST)  # the commit point
-        live.log.close()
-        rest = b"".join(_line(r) for r in UpdateLog(d).read(after=live.seq))
-        ltmp = d / "updates.log.tmp"
-        ltmp.write_bytes(rest)
-        os.replace(ltmp, d / "updates.log")
+        commit_generation(d, tmp, gen, {**manifest, "data": gen}, live)
         if old == ".":
             for name in _DATA_FILES:
                 p = d / name

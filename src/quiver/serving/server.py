@@ -15,7 +15,6 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from quiver.serving.config import ServeConfig
@@ -378,13 +377,7 @@ class Server:
         get the mean PSGS until a compaction and restart recompute it)."""
         if op != "add_nodes":
             return
-        engine = self.engine
-        n = self.live.num_nodes["node"]
-        table = engine.batcher.psgs_table
-        if table is not None and table.shape[0] < n:
-            mean = float(table.mean()) if table.size else 1.0
-            engine.batcher.psgs_table = np.concatenate([table, np.full(n - table.shape[0], mean)])
-        engine.batcher.node_count = engine.node_count = n
+        self.engine.grow_nodes(self.live.num_nodes["node"])
 
     def update(self, record: dict) -> dict:
         """Apply one update (``quiver.hetero.updates.LiveGraph.update``; ``node_type`` and
